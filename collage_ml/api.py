@@ -1,0 +1,38 @@
+"""The public Python API.
+
+Everything the CLI does goes through these functions; ``cli.py`` only parses
+arguments and prints.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from collage_ml.ir import Graph, import_model
+
+
+def inspect_model(
+    model: Any,
+    example_inputs: Sequence[Any] | None = None,
+    *,
+    batch: int = 1,
+    input_shapes: Mapping[str, Sequence[int]] | None = None,
+) -> dict:
+    """A summary of a model: node count, FLOPs, parameter bytes, inputs, outputs and op histogram."""
+    g = import_model(model, example_inputs, batch=batch, input_shapes=input_shapes)
+    return g.summary()
+
+
+def export_zoo(name: str, path: str | Path, batch: int = 1, seed: int = 0) -> Graph:
+    """Writes zoo model ``name`` as a self-contained ONNX file with static shapes; returns its Graph."""
+    import onnx
+
+    g = import_model(name, batch=batch)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    onnx.save(g.model, str(path))
+    return g
+
+
+__all__ = ["import_model", "inspect_model", "export_zoo"]

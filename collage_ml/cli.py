@@ -1,0 +1,134 @@
+"""The ``collage-ml`` command line: a thin layer over :mod:`collage_ml.api`.
+
+Exit status: 0 on success, 2 on a usage error, 1 on a model, backend or
+database error (one line on stderr; ``--debug`` shows the traceback).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Sequence
+
+from collage_ml.errors import CollageError
+
+
+def _shape_arg(text: str) -> tuple[str, list[int]]:
+    name, sep, dims = text.partition("=")
+    try:
+        if not sep or not name:
+            raise ValueError
+        return name, [int(d) for d in dims.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected NAME=D1,D2,... (e.g. input=1,3,224,224), got {text!r}") from None
+
+
+def _positive_int(text: str) -> int:
+    try:
+        v = int(text)
+        if v < 1:
+            raise ValueError
+        return v
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="collage-ml",
+        description="Place each subgraph of a DL model on the backend that runs it fastest.",
+    )
+    p.add_argument("--debug", action="store_true", help="show tracebacks on errors")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+
+    z = sub.add_parser("zoo", help="list the model zoo, or export a zoo model to ONNX")
+    z.add_argument("--json", action="store_true", help="print JSON")
+    zsub = z.add_subparsers(dest="zoo_command", metavar="export")
+    ze = zsub.add_parser("export", help="write a zoo model as an ONNX file")
+    ze.add_argument("name")
+    ze.add_argument("-o", "--output", required=True, help="output .onnx path")
+    ze.add_argument("--batch", type=_positive_int, default=1)
+
+    i = sub.add_parser("inspect", help="summarise a model: nodes, FLOPs, parameters, op histogram")
+    i.add_argument("model", help="a zoo name or an .onnx path")
+    i.add_argument("--batch", type=_positive_int, default=1, help="batch size (zoo models)")
+    i.add_argument("--input-shape", type=_shape_arg, action="append", default=[], metavar="NAME=D1,D2,...",
+                   help="pin a dynamic input's shape (repeatable)")
+    i.add_argument("--json", action="store_true", help="print JSON")
+    return p
+
+
+def _cmd_zoo(args) -> int:
+    from collage_ml import api
+    from collage_ml.ir import zoo
+
+    if args.zoo_command == "export":
+        g = api.export_zoo(args.name, args.output, batch=args.batch)
+        print(f"wrote {args.output}: {len(g)} nodes, inputs {[list(g.tensors[n].shape) for n in g.input_names]}")
+        return 0
+    rows = [
+        {"name": e.name, "family": e.family, "tiny": e.tiny, "description": e.description} for e in zoo.entries()
+    ]
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title="collage-ml model zoo")
+    for col in ("name", "family", "description"):
+        t.add_column(col)
+    for r in rows:
+        t.add_row(r["name"], r["family"], r["description"])
+    Console().print(t)
+    return 0
+
+
+def _cmd_inspect(args) -> int:
+    from collage_ml import api
+
+    info = api.inspect_model(args.model, batch=args.batch, input_shapes=dict(args.input_shape) or None)
+    if args.json:
+        print(json.dumps(info, indent=2))
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+
+    c = Console()
+    c.print(f"[bold]{info['name']}[/]: {info['nodes']} nodes, {info['flops'] / 1e9:.3f} GFLOPs, "
+            f"{info['param_bytes'] / 2**20:.1f} MiB of parameters")
+    c.print(f"inputs: {info['inputs']}\noutputs: {info['outputs']}")
+    t = Table("op", "count")
+    for op, n in info["op_histogram"].items():
+        t.add_row(op, str(n))
+    c.print(t)
+    return 0
+
+
+COMMANDS = {"zoo": _cmd_zoo, "inspect": _cmd_inspect}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)  # exits 2 on usage errors
+    try:
+        return COMMANDS[args.command](args)
+    except CollageError as e:
+        if args.debug:
+            raise
+        print(f"collage-ml: error: {e}", file=sys.stderr)
+        return 1
+    except ValueError as e:  # bad argument values detected past argparse (e.g. a zoo batch size)
+        if args.debug:
+            raise
+        print(f"collage-ml: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("collage-ml: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,31 @@
+"""User-facing errors.
+
+Every error a user can cause (a bad model file, an unknown name, a missing
+backend, a corrupt database) is a :class:`CollageError` subclass with a
+message that names the problem in one line. The CLI prints that line and exits
+with status 1; it shows a traceback only with ``--debug``.
+"""
+
+
+class CollageError(Exception):
+    """A user-facing error: one clear line, no traceback in the CLI."""
+
+
+class ModelError(CollageError):
+    """The model given cannot be imported or used."""
+
+
+class UnknownModelError(ModelError):
+    """A zoo name that does not exist."""
+
+
+class UnsupportedModelError(ModelError):
+    """A valid model that collage-ml cannot handle (e.g. unresolvable dynamic shapes)."""
+
+
+class BackendError(CollageError):
+    """A backend is missing, unavailable, or failed."""
+
+
+class DatabaseError(CollageError):
+    """A measurement database is corrupt, foreign, or unreadable."""

@@ -1,0 +1,85 @@
+"""Shared helpers of the model zoo: the per-variant spec and seeded instantiation."""
+
+from __future__ import annotations
+
+import operator
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+from torch import nn
+
+
+@dataclass(frozen=True)
+class Spec:
+    """How to build one zoo variant.
+
+    ``make`` constructs the module (weights drawn from torch's global RNG, which
+    the caller seeds); ``input_shapes`` are the example input shapes *without*
+    the leading batch dimension; ``description`` is a one-line summary.
+    """
+
+    make: Callable[[], nn.Module]
+    input_shapes: tuple[tuple[int, ...], ...]
+    description: str
+
+
+def check_batch(batch: object) -> int:
+    """Return ``batch`` as an int if it is a positive integer, else raise ValueError."""
+    if isinstance(batch, bool):
+        raise ValueError(f"batch must be a positive integer, got {batch!r}")
+    try:
+        value = operator.index(batch)  # accepts int and numpy integers, rejects floats
+    except TypeError:
+        raise ValueError(f"batch must be a positive integer, got {batch!r}") from None
+    if value < 1:
+        raise ValueError(f"batch must be a positive integer, got {value}")
+    return value
+
+
+@torch.no_grad()
+def calibrate_batchnorm(model: nn.Module, input_shapes: tuple[tuple[int, ...], ...]) -> None:
+    """Give every BatchNorm seeded, non-trivial affine parameters and running stats.
+
+    The affine parameters are drawn at random (gamma ~ U(0.5, 1.5), beta ~ N(0, 0.1));
+    the running mean/variance are then set to the statistics of one train-mode pass
+    over a random batch of 2, so that in eval mode every BatchNorm roughly normalizes
+    its input: activations stay O(1) through deep random networks instead of
+    vanishing or exploding. Uses torch's global RNG (the caller seeds it).
+    """
+    bns = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+    if not bns:
+        return
+    for bn in bns:
+        bn.weight.uniform_(0.5, 1.5)
+        bn.bias.normal_(0.0, 0.1)
+        bn.reset_running_stats()
+        bn.momentum = None  # cumulative average: one pass sets the batch statistics
+    model.train()
+    model(*(torch.randn(2, *shape) for shape in input_shapes))
+    for bn in bns:
+        bn.momentum = 0.1
+    model.eval()
+
+
+def instantiate(spec: Spec, batch: int, seed: int) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
+    """Build ``spec`` deterministically from ``seed``: (eval-mode module, example inputs).
+
+    Torch's global RNG state is left as it was. Inputs are float32 N(0, 1) tensors of
+    shape ``(batch, *input_shape)`` drawn from a ``torch.Generator`` seeded with ``seed``.
+    """
+    batch = check_batch(batch)
+    seed = operator.index(seed)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = spec.make()
+        calibrate_batchnorm(model, spec.input_shapes)
+    model.eval()
+    for p in model.parameters():
+        p.requires_grad_(False)
+    gen = torch.Generator().manual_seed(seed)
+    inputs = tuple(
+        torch.randn((batch, *shape), generator=gen, dtype=torch.float32)
+        for shape in spec.input_shapes
+    )
+    return model, inputs

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Idempotent set-up of .venv/ for collage-ml.
+#   scripts/setup.sh          core + openvino + test extras
+# On a machine without an NVIDIA GPU it installs the CPU build of torch first
+# (torch==2.13.0, a local wheel here) and xgboost-cpu; with a GPU it installs
+# plain xgboost and lets torch resolve to its CUDA build.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+VENV=.venv
+STAMP=$VENV/.collage-ml-setup
+HASH=$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -d' ' -f1)
+if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$HASH" ]; then
+  exit 0
+fi
+[ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
+PIP="$VENV/bin/python -m pip"
+if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+  FLAVOUR=cuda
+  $PIP install -q "torch==2.13.0"
+else
+  FLAVOUR=cpu
+  # The CPU build first: any later requirement on torch is then already met.
+  $PIP install -q "torch==2.13.0"
+fi
+$PIP install -q -e ".[$FLAVOUR,openvino,test]"
+echo "$HASH" > "$STAMP"

@@ -1,0 +1,64 @@
+"""Small builders shared by the tests."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+
+def chain_model(names: dict[str, str] | None = None, width: int = 8, seed: int = 0, order=None) -> onnx.ModelProto:
+    """x[1,width] -> MatMul(W) -> Relu -> Add(b) -> two branches (Sigmoid, Tanh) -> Mul -> y.
+
+    ``names`` renames tensors and nodes; ``order`` permutes the node list.
+    """
+    n = {k: k for k in ["x", "W", "b", "mm", "r", "a", "s", "t", "y"]}
+    n.update(names or {})
+    rs = np.random.default_rng(seed)
+    W = numpy_helper.from_array(rs.standard_normal((width, width)).astype(np.float32), n["W"])
+    b = numpy_helper.from_array(rs.standard_normal((width,)).astype(np.float32), n["b"])
+    nodes = [
+        helper.make_node("MatMul", [n["x"], n["W"]], [n["mm"]], name=n["mm"] + "_node"),
+        helper.make_node("Relu", [n["mm"]], [n["r"]], name=n["r"] + "_node"),
+        helper.make_node("Add", [n["r"], n["b"]], [n["a"]], name=n["a"] + "_node"),
+        helper.make_node("Sigmoid", [n["a"]], [n["s"]], name=n["s"] + "_node"),
+        helper.make_node("Tanh", [n["a"]], [n["t"]], name=n["t"] + "_node"),
+        helper.make_node("Mul", [n["s"], n["t"]], [n["y"]], name=n["y"] + "_node"),
+    ]
+    if order is not None:
+        nodes = [nodes[i] for i in order]
+    g = helper.make_graph(
+        nodes,
+        "chain",
+        [helper.make_tensor_value_info(n["x"], TensorProto.FLOAT, [1, width])],
+        [helper.make_tensor_value_info(n["y"], TensorProto.FLOAT, [1, width])],
+        initializer=[W, b],
+    )
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def random_convex_masks(graph, count: int, max_size: int, seed: int = 0) -> list[int]:
+    """Random connected convex node sets grown from random seeds."""
+    r = random.Random(seed)
+    n = len(graph.nodes)
+    out = []
+    for _ in range(count * 4):
+        if len(out) >= count:
+            break
+        start = r.randrange(n)
+        mask = 1 << start
+        size = r.randint(1, max_size)
+        for _ in range(size * 3):
+            if bin(mask).count("1") >= size:
+                break
+            members = [i for i in range(n) if mask >> i & 1]
+            nb = [j for i in members for j in list(graph.preds[i]) + list(graph.succs[i]) if not mask >> j & 1]
+            if not nb:
+                break
+            j = r.choice(nb)
+            if graph.is_convex(mask | 1 << j):
+                mask |= 1 << j
+        out.append(mask)
+    return out

@@ -1,8 +1,24 @@
-"""collage-ml: Collage-style multi-backend placement with a learned cost model."""
+"""collage-ml: Collage-style multi-backend placement with a learned cost model.
+
+The public API lives in :mod:`collage_ml.api` and is re-exported here lazily,
+so ``import collage_ml.db`` (e.g. in a measurement worker) stays cheap.
+"""
 
 __version__ = "0.1.0"
 
-from collage_ml.api import export_zoo, import_model, inspect_model  # noqa: E402
-from collage_ml.errors import CollageError  # noqa: E402
+_API = ("export_zoo", "import_model", "inspect_model")
 
-__all__ = ["CollageError", "export_zoo", "import_model", "inspect_model", "__version__"]
+
+def __getattr__(name):
+    if name in _API:
+        from collage_ml import api
+
+        return getattr(api, name)
+    if name == "CollageError":
+        from collage_ml.errors import CollageError
+
+        return CollageError
+    raise AttributeError(f"module 'collage_ml' has no attribute {name!r}")
+
+
+__all__ = ["CollageError", *_API, "__version__"]

@@ -35,4 +35,37 @@ def export_zoo(name: str, path: str | Path, batch: int = 1, seed: int = 0) -> Gr
     return g
 
 
-__all__ = ["import_model", "inspect_model", "export_zoo"]
+def backends_info() -> list[dict]:
+    """Every registered backend with its availability, version, device and pattern kinds."""
+    from collage_ml.backends import all_backends
+
+    return [b.info() for b in all_backends()]
+
+
+def open_db(path: str | Path, create: bool = False):
+    """Opens a measurement database (``DatabaseError`` for a missing, corrupt or foreign file)."""
+    from collage_ml.db import Database
+
+    return Database(path, create=create)
+
+
+def db_stats(path: str | Path) -> dict:
+    with open_db(path) as db:
+        return db.stats()
+
+
+def db_export_parquet(path: str | Path, out: str | Path) -> int:
+    with open_db(path) as db:
+        return db.export_parquet(out)
+
+
+def db_merge(into: str | Path, other: str | Path) -> int:
+    """Adds every measurement of ``other`` missing from ``into`` (created if absent); returns rows added."""
+    with open_db(into, create=True) as db:
+        return db.merge(other)
+
+
+__all__ = [
+    "import_model", "inspect_model", "export_zoo", "backends_info", "open_db", "db_stats", "db_export_parquet",
+    "db_merge",
+]

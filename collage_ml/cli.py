@@ -57,7 +57,70 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("--input-shape", type=_shape_arg, action="append", default=[], metavar="NAME=D1,D2,...",
                    help="pin a dynamic input's shape (repeatable)")
     i.add_argument("--json", action="store_true", help="print JSON")
+    b = sub.add_parser("backends", help="list the backends with availability, version and device")
+    b.add_argument("--json", action="store_true", help="print JSON")
+
+    d = sub.add_parser("db", help="inspect, export or merge measurement databases")
+    dsub = d.add_subparsers(dest="db_command", metavar="stats|export|merge")
+    dsub.required = True
+    ds = dsub.add_parser("stats", help="counts of valid/invalid measurements by backend, family and hardware")
+    ds.add_argument("path")
+    ds.add_argument("--json", action="store_true", help="print JSON")
+    de = dsub.add_parser("export", help="export the measurements")
+    de.add_argument("path")
+    de.add_argument("--parquet", required=True, metavar="OUT", help="write a Parquet file")
+    dm = dsub.add_parser("merge", help="merge database B into A (idempotent; A is created if missing)")
+    dm.add_argument("into", metavar="A")
+    dm.add_argument("other", metavar="B")
     return p
+
+
+def _table(title: str, columns: Sequence[str], rows: Sequence[Sequence[object]]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title=title)
+    for c in columns:
+        t.add_column(c)
+    for r in rows:
+        t.add_row(*("" if v is None else str(v) for v in r))
+    Console().print(t)
+
+
+def _cmd_backends(args) -> int:
+    from collage_ml import api
+
+    info = api.backends_info()
+    if args.json:
+        print(json.dumps(info, indent=2))
+        return 0
+    _table(
+        "collage-ml backends", ["name", "device", "available", "version", "patterns", "note"],
+        [(b["name"], b["device"], "yes" if b["available"] else "no", b["version"], ",".join(b["kinds"]),
+          b["reason"] or "") for b in info],
+    )
+    return 0
+
+
+def _cmd_db(args) -> int:
+    from collage_ml import api
+
+    if args.db_command == "stats":
+        st = api.db_stats(args.path)
+        if args.json:
+            print(json.dumps(st, indent=2))
+            return 0
+        print(f"{args.path}: {st['valid']} valid, {st['invalid']} invalid measurements")
+        for what in ("backends", "families", "hardware"):
+            _table(what, [what[:-1] if what != "families" else "family", "count"], sorted(st[what].items()))
+        return 0
+    if args.db_command == "export":
+        n = api.db_export_parquet(args.path, args.parquet)
+        print(f"wrote {n} measurements to {args.parquet}")
+        return 0
+    n = api.db_merge(args.into, args.other)
+    print(f"merged {args.other} into {args.into}: {n} new measurements")
+    return 0
 
 
 def _cmd_zoo(args) -> int:
@@ -107,7 +170,7 @@ def _cmd_inspect(args) -> int:
     return 0
 
 
-COMMANDS = {"zoo": _cmd_zoo, "inspect": _cmd_inspect}
+COMMANDS = {"zoo": _cmd_zoo, "inspect": _cmd_inspect, "backends": _cmd_backends, "db": _cmd_db}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

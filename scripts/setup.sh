@@ -14,7 +14,9 @@ if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$HASH" ]; then
   exit 0
 fi
 [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
-PIP="$VENV/bin/python -m pip"
+# pip warns about every file:// index location it skips; keep the rest of stderr
+PIP="pip_quiet $VENV/bin/python -m pip"
+pip_quiet() { "$@" 2> >(grep -v "is ignored: it is neither" >&2); }
 if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
   FLAVOUR=cuda
   $PIP install -q "torch==2.13.0"
@@ -23,5 +25,5 @@ else
   # The CPU build first: any later requirement on torch is then already met.
   $PIP install -q "torch==2.13.0"
 fi
-$PIP install -q -e ".[$FLAVOUR,openvino,test]"
+$PIP install -q -e ".[$FLAVOUR,openvino,parquet,test]"
 echo "$HASH" > "$STAMP"

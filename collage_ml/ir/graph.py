@@ -489,6 +489,27 @@ class SubGraph:
             onnx.checker.check_model(model)
         return model
 
+    def skeleton_onnx(self, keep_bytes: int = 4096) -> bytes:
+        """The subgraph as ONNX bytes without its large weights, for the database.
+
+        Constants up to ``keep_bytes`` (shapes, axes, small biases) keep their
+        values, since they carry meaning; larger ones become graph inputs, and
+        their names are listed in the metadata entry ``collage_ml.weights``.
+        The structural hash ignores weight values, so nothing a featurizer
+        needs is lost.
+        """
+        g = self.graph
+        model = self.to_onnx(check=False)
+        big = [t for t in model.graph.initializer if g.tensors[t.name].nbytes > keep_bytes]
+        if big:
+            names = [t.name for t in big]
+            keep = [t for t in model.graph.initializer if t.name not in set(names)]
+            del model.graph.initializer[:]
+            model.graph.initializer.extend(keep)
+            model.graph.input.extend(g.tensors[n].value_info() for n in names)
+            model.metadata_props.add(key="collage_ml.weights", value=",".join(names))
+        return model.SerializeToString()
+
     def reference_io(self, reference: Mapping[str, np.ndarray]) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
         """Splits a :meth:`Graph.reference` result into this subgraph's feeds and expected outputs."""
         return ({t: reference[t] for t in self.inputs}, {t: reference[t] for t in self.outputs})

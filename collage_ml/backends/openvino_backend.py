@@ -1,0 +1,128 @@
+"""``openvino``: the OpenVINO CPU plugin, region patterns (an optional extra).
+
+Compiled with ``PERFORMANCE_HINT=LATENCY``, one stream, ``threads`` inference
+threads and f32 precision (so bf16-capable CPUs do not change the numbers).
+OpenVINO converts its blocked layouts back to NCHW at every output, so it is
+measured on regions rather than single nodes (STACK-NOTES.md).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from collage_ml.backends.base import Backend, Executable, register_backend
+from collage_ml.backends.patterns import RegionPattern
+from collage_ml.errors import BackendError
+from collage_ml.ir.graph import Graph, Node, SubGraph
+
+# ONNX ops OpenVINO's ONNX frontend converts (the subset collage-ml relies on; the
+# frontend supports more, but an op is only listed here once a test has run it)
+SUPPORTED_OPS = frozenset(
+    """Abs Add And ArgMax ArgMin AveragePool BatchNormalization Cast Ceil Clip Concat Conv ConvTranspose
+    Cos DepthToSpace Div Dropout Einsum Elu Equal Erf Exp Expand Flatten Floor Gather GatherElements Gelu
+    Gemm GlobalAveragePool GlobalMaxPool Greater GreaterOrEqual HardSigmoid HardSwish Identity
+    InstanceNormalization LayerNormalization LeakyRelu Less LessOrEqual Log LogSoftmax LRN MatMul Max MaxPool
+    Mean Min Mish Mod Mul Neg Not Or Pad Pow PRelu Range Reciprocal ReduceL2 ReduceMax ReduceMean ReduceMin
+    ReduceProd ReduceSum Relu Reshape Resize Round Selu Shape Sigmoid Sign Sin Size Slice Softmax Softplus
+    SpaceToDepth Split Sqrt Squeeze Sub Sum Tanh Tile TopK Transpose Unsqueeze Upsample Where Xor""".split()
+)
+
+
+def _as_numpy(x: Any) -> np.ndarray:
+    if isinstance(x, np.ndarray):
+        return x
+    if hasattr(x, "detach"):
+        return x.detach().contiguous().numpy()
+    return np.from_dlpack(x)
+
+
+class OpenVinoExecutable(Executable):
+    def __init__(self, compiled, input_names, output_names):
+        import openvino as ov
+
+        self._ov = ov
+        self.compiled = compiled
+        self.request = compiled.create_infer_request()
+        self.input_names = tuple(input_names)
+        self.output_names = tuple(output_names)
+        self._outputs = list(compiled.outputs)
+
+    def __call__(self, *inputs: Any) -> list[Any]:
+        ov = self._ov
+        for i, x in enumerate(inputs):
+            a = np.ascontiguousarray(_as_numpy(x))
+            self.request.set_input_tensor(i, ov.Tensor(a, shared_memory=True))
+        self.request.infer()
+        # copy: the request's output buffers are reused by the next call
+        return [np.array(self.request.get_output_tensor(i).data, copy=True) for i in range(len(self._outputs))]
+
+    def close(self) -> None:
+        self.request = None
+        self.compiled = None
+
+
+@register_backend("openvino")
+class OpenVinoBackend(Backend):
+    name = "openvino"
+    device = "cpu"
+    install_hint = "pip install 'collage-ml[openvino]'  (openvino==2026.4.1)"
+    packages = ("openvino",)
+
+    def __init__(self, hint: str = "LATENCY", streams: int = 1):
+        super().__init__(hint=hint, streams=streams)
+        self.hint = hint
+        self.streams = streams
+        self._patterns = (RegionPattern("openvino-region", max_size=16),)
+        self._core = None
+
+    def _probe(self) -> None:
+        import openvino  # noqa: F401
+
+    def _version(self) -> str:
+        import openvino as ov
+
+        return f"{ov.__version__.split('-')[0]}+{self.hint.lower()}-s{self.streams}"
+
+    @property
+    def core(self):
+        if self._core is None:
+            import openvino as ov
+
+            self._core = ov.Core()
+        return self._core
+
+    @property
+    def patterns(self):
+        return self._patterns
+
+    def supports(self, graph: Graph, node: Node) -> bool:
+        if node.domain not in ("", "ai.onnx") or node.op_type not in SUPPORTED_OPS:
+            return False
+        # OpenVINO has no f64 CPU kernels for most ops; keep to the dtypes the zoo uses
+        return all(graph.tensors[t].elem_type in (1, 6, 7, 9) for t in node.outputs if t)
+
+    def compile(self, sg: SubGraph, threads: int = 1) -> Executable:
+        self.require()
+        try:
+            model = self.core.read_model(model=sg.to_onnx().SerializeToString())
+            compiled = self.core.compile_model(
+                model,
+                "CPU",
+                {
+                    "INFERENCE_NUM_THREADS": int(threads),
+                    "PERFORMANCE_HINT": self.hint,
+                    "NUM_STREAMS": int(self.streams),
+                    "INFERENCE_PRECISION_HINT": "f32",
+                },
+            )
+        except Exception as e:
+            raise BackendError(f"openvino could not compile {sg}: {str(e).splitlines()[0][:300]}") from None
+        names = [o.get_any_name() for o in compiled.inputs]
+        if list(names) != list(sg.inputs):
+            # inputs come back in the model's declared order; map defensively
+            order = {n: i for i, n in enumerate(names)}
+            if set(order) != set(sg.inputs):
+                raise BackendError(f"openvino renamed the inputs of {sg}: {names} vs {list(sg.inputs)}")
+        return OpenVinoExecutable(compiled, sg.inputs, sg.outputs)

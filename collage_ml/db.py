@@ -1,0 +1,739 @@
+"""The measurement store: one SQLite file in WAL mode, the only store.
+
+Rules it keeps:
+
+- **Nothing committed is ever lost.** Every :meth:`Database.commit` is its own
+  transaction with ``synchronous=FULL``, so a ``kill -9`` (or a power cut) at
+  any moment loses at most the measurement being written. A key that exists
+  already is never overwritten (``INSERT OR IGNORE``): the first measurement of
+  ``(subgraph hash, backend, backend version, hardware fingerprint)`` stays.
+- **Several writers, one file.** Processes may write one database at once; each
+  write waits for the lock (``busy_timeout``) and is retried on
+  ``database is locked``.
+- **Foreign files are left alone.** A file that is not SQLite, an SQLite file of
+  another application, a corrupt or truncated file, or a database of a newer
+  schema raises :class:`~collage_ml.errors.DatabaseError` with one line naming
+  the file. Such a file is only ever opened read-only, so it is never modified.
+
+Schema (version :data:`SCHEMA_VERSION`, kept in ``PRAGMA user_version`` and in
+the ``meta`` table, whose ``magic`` row is :data:`MAGIC`; the SQLite header's
+application id is :data:`APPLICATION_ID`):
+
+- ``hardware(fingerprint TEXT PRIMARY KEY, info JSON)`` (see ``measure.hardware``)
+- ``subgraphs(hash TEXT PRIMARY KEY, onnx BLOB, n_nodes INT, ops TEXT)``: the
+  standalone ONNX of each measured subgraph, once per hash, so featurizers can
+  run again without the original model. ``ops`` is the comma-separated op types
+  in node order.
+- ``measurements(...)``: one row per :class:`~collage_ml.cost.Measurement`,
+  ``UNIQUE(subgraph_hash, backend, backend_version, hardware)``. ``samples``,
+  ``versions`` and ``extra`` are JSON text.
+
+Boundary costs are ordinary rows (e.g. backend ``"onnxruntime->torch"``,
+subgraph hash ``"boundary:<nbytes>"``) without ONNX bytes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import sqlite3
+import threading
+import time
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any, Callable, TypeVar
+
+from collage_ml.cost import CandidateKey, Measurement
+from collage_ml.errors import CollageError, DatabaseError
+
+MAGIC = "collage-ml-db"
+SCHEMA_VERSION = 1
+APPLICATION_ID = 0x434C4D4C  # "CLML", in the SQLite header (offset 68)
+DEFAULT_TIMEOUT_S = 30.0
+DEFAULT_RETRY_S = 120.0
+
+_SQLITE_HEADER = b"SQLite format 3\x00"
+_PAGE = 1000  # rows per query when streaming measurements
+
+_MEASUREMENT_COLUMNS = (
+    "subgraph_hash",
+    "backend",
+    "backend_version",
+    "hardware",
+    "valid",
+    "median",
+    "spread",
+    "samples",
+    "compile_seconds",
+    "max_abs_error",
+    "max_rel_error",
+    "threads",
+    "versions",
+    "family",
+    "error_text",
+    "timestamp",
+    "extra",
+)
+_COLS = ", ".join(_MEASUREMENT_COLUMNS)
+_INSERT_MEASUREMENT = (
+    f"INSERT OR IGNORE INTO measurements ({_COLS}) VALUES ({', '.join('?' * len(_MEASUREMENT_COLUMNS))})"
+)
+_INSERT_SUBGRAPH = "INSERT OR IGNORE INTO subgraphs (hash, onnx, n_nodes, ops) VALUES (?, ?, ?, ?)"
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (
+    key TEXT PRIMARY KEY,
+    value TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS hardware (
+    fingerprint TEXT PRIMARY KEY,
+    info JSON NOT NULL
+);
+CREATE TABLE IF NOT EXISTS subgraphs (
+    hash TEXT PRIMARY KEY,
+    onnx BLOB NOT NULL,
+    n_nodes INT,
+    ops TEXT
+);
+CREATE TABLE IF NOT EXISTS measurements (
+    id INTEGER PRIMARY KEY,
+    subgraph_hash TEXT NOT NULL,
+    backend TEXT NOT NULL,
+    backend_version TEXT NOT NULL,
+    hardware TEXT NOT NULL,
+    valid INT NOT NULL,
+    median REAL,
+    spread REAL,
+    samples JSON NOT NULL,
+    compile_seconds REAL,
+    max_abs_error REAL,
+    max_rel_error REAL,
+    threads INT,
+    versions JSON NOT NULL,
+    family TEXT NOT NULL,
+    error_text TEXT NOT NULL,
+    timestamp REAL NOT NULL,
+    extra JSON NOT NULL,
+    UNIQUE (subgraph_hash, backend, backend_version, hardware)
+);
+CREATE INDEX IF NOT EXISTS measurements_by_hardware ON measurements (hardware, backend);
+"""
+
+T = TypeVar("T")
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+def _json_default(o: Any) -> Any:
+    if hasattr(o, "tolist"):  # numpy arrays and scalars
+        return o.tolist()
+    if isinstance(o, (set, frozenset)):
+        return sorted(o, key=repr)
+    if isinstance(o, (bytes, bytearray)):
+        return o.hex()
+    if isinstance(o, os.PathLike):
+        return os.fspath(o)
+    return repr(o)  # never lose a measurement over an odd value in ``extra``
+
+
+def _json(o: Any) -> str:
+    return json.dumps(o, default=_json_default, sort_keys=True)
+
+
+def _opt_float(x: Any) -> float | None:
+    return None if x is None else float(x)
+
+
+def _uri(path: Path, mode: str) -> str:
+    return f"{path.absolute().as_uri()}?mode={mode}"
+
+
+def _is_busy(e: sqlite3.Error) -> bool:
+    code = getattr(e, "sqlite_errorcode", None)
+    if code is not None and (code & 0xFF) in (5, 6):  # SQLITE_BUSY, SQLITE_LOCKED (and their extended codes)
+        return True
+    msg = str(e).lower()
+    return "database is locked" in msg or "database is busy" in msg or "database table is locked" in msg
+
+
+def _measurement_row(m: Measurement) -> tuple:
+    if not isinstance(m, Measurement):
+        raise TypeError(f"expected a Measurement, got {type(m).__name__}")
+    k = m.key
+    for name, v in (("subgraph_hash", k.subgraph_hash), ("backend", k.backend), ("hardware", m.hardware)):
+        if not isinstance(v, str) or not v:
+            raise ValueError(f"a measurement needs a non-empty string {name}, got {v!r}")
+    if not isinstance(k.backend_version, str):
+        raise ValueError(f"backend_version must be a string, got {k.backend_version!r}")
+    return (
+        k.subgraph_hash,
+        k.backend,
+        k.backend_version,
+        m.hardware,
+        int(bool(m.valid)),
+        _opt_float(m.median),
+        _opt_float(m.spread),
+        _json([float(s) for s in m.samples]),
+        _opt_float(m.compile_seconds),
+        _opt_float(m.max_abs_error),
+        _opt_float(m.max_rel_error),
+        None if m.threads is None else int(m.threads),
+        _json(dict(m.versions)),
+        str(m.family or ""),
+        str(m.error_text or ""),
+        float(m.timestamp),
+        _json(dict(m.extra)),
+    )
+
+
+def _measurement_from_row(r: tuple) -> Measurement:
+    (h, b, v, hw, valid, median, spread, samples, comp, abs_e, rel_e, threads, versions, family, err, ts, extra) = r
+    return Measurement(
+        key=CandidateKey(h, b, v),
+        hardware=hw,
+        valid=bool(valid),
+        samples=json.loads(samples),
+        median=median,
+        spread=spread,
+        compile_seconds=comp,
+        max_abs_error=abs_e,
+        max_rel_error=rel_e,
+        threads=1 if threads is None else threads,
+        versions=json.loads(versions),
+        family=family,
+        error_text=err,
+        onnx_bytes=None,
+        timestamp=ts,
+        extra=json.loads(extra),
+    )
+
+
+def _onnx_summary(data: bytes) -> tuple[int | None, str | None]:
+    """(node count, comma-separated op types) of an ONNX model; (None, None) when it does not parse."""
+    try:
+        import onnx
+
+        g = onnx.load_from_string(data).graph
+        return len(g.node), ",".join(n.op_type for n in g.node)
+    except Exception:
+        return None, None
+
+
+# ----------------------------------------------------------------------------- the database
+
+
+class Database:
+    """A collage-ml measurement database (SQLite, WAL).
+
+    ``Database(path)`` creates the file when missing (``create=False`` refuses to).
+    ``readonly=True`` opens without any write (for shipped datasets).
+    ``check=False`` skips ``PRAGMA quick_check`` on open.
+    ``timeout`` is how long one attempt waits for another process's lock
+    (SQLite's busy timeout); an attempt that still finds the database locked is
+    retried, with backoff, and the operation gives up with
+    :class:`DatabaseError` after ``retry_s`` seconds in all. ``retries`` counts
+    the attempts that were retried.
+
+    It may be shared between threads; each process opens its own.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        create: bool = True,
+        *,
+        readonly: bool = False,
+        check: bool = True,
+        timeout: float = DEFAULT_TIMEOUT_S,
+        retry_s: float = DEFAULT_RETRY_S,
+    ):
+        self.path = Path(os.fspath(path))
+        self.readonly = readonly
+        self._timeout = float(timeout)
+        self._retry_s = float(retry_s)
+        self.retries = 0
+        self._lock = threading.RLock()
+        self._conn: sqlite3.Connection | None = None
+        state = self._probe(create=create and not readonly, check=check)
+        try:
+            self._conn = sqlite3.connect(
+                _uri(self.path, "ro" if readonly else "rwc"),
+                uri=True,
+                timeout=self._timeout,
+                isolation_level=None,  # transactions are explicit
+                check_same_thread=False,
+            )
+            if readonly:
+                self._conn.execute("PRAGMA query_only = ON")
+            else:
+                self._retry(lambda: self._setup(new=state == "new"), "open")
+        except sqlite3.Error as e:
+            self.close()
+            raise DatabaseError(f"{self.path}: cannot open the database ({e})") from e
+        except BaseException:
+            self.close()
+            raise
+
+    # -- opening
+
+    def _fail(self, why: str) -> DatabaseError:
+        return DatabaseError(f"{self.path}: {why}")
+
+    def _probe(self, create: bool, check: bool) -> str:
+        """Decide, without writing anything, whether the file is new ("new") or ours ("ours"); raise otherwise."""
+        p = self.path
+        if p.is_dir():
+            raise self._fail("is a directory, not a collage-ml database")
+        if not p.exists():
+            if not create:
+                raise self._fail("no such collage-ml database")
+            p.parent.mkdir(parents=True, exist_ok=True)
+            return "new"
+        try:
+            with open(p, "rb") as f:
+                header = f.read(100)
+        except OSError as e:
+            raise self._fail(f"cannot read the file ({e.strerror})") from e
+        if not header:
+            if not create:
+                raise self._fail("is an empty file, not a collage-ml database")
+            return "new"
+        if not header.startswith(_SQLITE_HEADER):
+            raise self._fail("is not a collage-ml database (not an SQLite file)")
+        if len(header) < 100:
+            raise self._fail("is a truncated SQLite file (shorter than its header)")
+        app_id = int.from_bytes(header[68:72], "big")
+        if app_id not in (0, APPLICATION_ID):
+            raise self._fail(f"is an SQLite database of another application (application id {app_id:#010x}), not collage-ml's")
+
+        try:
+            conn = sqlite3.connect(_uri(p, "ro"), uri=True, timeout=self._timeout, isolation_level=None)
+        except sqlite3.Error as e:
+            raise self._fail(f"cannot open the database ({e})") from e
+        try:
+            tables = [r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name")]
+            if not tables:
+                if not create:
+                    raise self._fail("is an empty SQLite database, not a collage-ml database")
+                return "new"
+            magic = None
+            if "meta" in tables:
+                try:
+                    row = conn.execute("SELECT value FROM meta WHERE key = 'magic'").fetchone()
+                    magic = row[0] if row else None
+                except sqlite3.OperationalError:
+                    magic = None
+            if magic != MAGIC:
+                shown = ", ".join(tables[:5]) + (", ..." if len(tables) > 5 else "")
+                raise self._fail(f"is an SQLite database of another application (tables: {shown}), not a collage-ml database")
+            version = int(conn.execute("PRAGMA user_version").fetchone()[0])
+            row = conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+            try:
+                version = max(version, int(row[0]) if row else 0)
+            except ValueError:
+                raise self._fail(f"has an unreadable schema version {row[0]!r}") from None
+            if version > SCHEMA_VERSION:
+                raise self._fail(
+                    f"was written by a newer collage-ml (database schema {version}, this version reads up to "
+                    f"{SCHEMA_VERSION}); upgrade collage-ml"
+                )
+            if check:
+                problems = [r[0] for r in conn.execute("PRAGMA quick_check(3)")]
+                if problems != ["ok"]:
+                    detail = "; ".join(" ".join(p.split()) for p in problems)
+                    raise self._fail(f"is corrupt or truncated (quick_check: {detail})")
+            return "ours"
+        except sqlite3.DatabaseError as e:  # "file is not a database", "database disk image is malformed", ...
+            if isinstance(e, sqlite3.OperationalError) and not _is_busy(e) and "malformed" not in str(e):
+                raise self._fail(f"cannot read the database ({' '.join(str(e).split())})") from e
+            raise self._fail(f"is corrupt or truncated ({' '.join(str(e).split())})") from e
+        finally:
+            conn.close()
+
+    def _setup(self, new: bool) -> None:
+        c = self._conn
+        assert c is not None
+        if c.execute("PRAGMA journal_mode").fetchone()[0].lower() != "wal":
+            c.execute("PRAGMA journal_mode = WAL")
+        c.execute("PRAGMA synchronous = FULL")
+        if not new:
+            return
+        c.execute("BEGIN IMMEDIATE")
+        try:
+            for stmt in _SCHEMA.split(";"):
+                if stmt.strip():
+                    c.execute(stmt)
+            c.executemany(
+                "INSERT OR IGNORE INTO meta (key, value) VALUES (?, ?)",
+                [("magic", MAGIC), ("schema_version", str(SCHEMA_VERSION)), ("created", repr(time.time()))],
+            )
+            c.execute(f"PRAGMA application_id = {APPLICATION_ID}")
+            c.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+            c.execute("COMMIT")
+        except BaseException:
+            if c.in_transaction:
+                c.execute("ROLLBACK")
+            raise
+        # put the header (application id) into the main file now, so the file identifies itself
+        c.execute("PRAGMA wal_checkpoint(PASSIVE)")
+
+    # -- plumbing
+
+    def _connection(self) -> sqlite3.Connection:
+        if self._conn is None:
+            raise self._fail("the database is closed")
+        return self._conn
+
+    def _retry(self, fn: Callable[[], T], what: str) -> T:
+        """Run ``fn`` under the lock; retry it while the database is locked by another process."""
+        deadline = time.monotonic() + self._retry_s
+        delay = 0.005
+        while True:
+            with self._lock:
+                try:
+                    return fn()
+                except sqlite3.Error as e:
+                    if not _is_busy(e):
+                        raise self._fail(f"{what} failed ({e})") from e
+                    if time.monotonic() > deadline:
+                        raise self._fail(f"{what} failed: still locked by another process after {self._retry_s:g} s") from e
+                    self.retries += 1
+            time.sleep(delay * (1 + random.random()))
+            delay = min(delay * 2, 0.25)
+
+    def _write(self, fn: Callable[[sqlite3.Connection], T], what: str) -> T:
+        """Run ``fn`` in one ``BEGIN IMMEDIATE`` transaction, retried as a whole when locked."""
+        if self.readonly:
+            raise self._fail(f"{what}: the database was opened read-only")
+
+        def attempt() -> T:
+            c = self._connection()
+            c.execute("BEGIN IMMEDIATE")
+            try:
+                out = fn(c)
+                c.execute("COMMIT")
+                return out
+            except BaseException:
+                if c.in_transaction:
+                    c.execute("ROLLBACK")
+                raise
+
+        return self._retry(attempt, what)
+
+    def _read(self, fn: Callable[[sqlite3.Connection], T], what: str) -> T:
+        return self._retry(lambda: fn(self._connection()), what)
+
+    def close(self) -> None:
+        with self._lock:
+            if self._conn is not None:
+                try:
+                    self._conn.close()
+                finally:
+                    self._conn = None
+
+    def __enter__(self) -> "Database":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"Database({str(self.path)!r}{', closed' if self._conn is None else ''})"
+
+    # -- writing
+
+    def register_hardware(self, fingerprint: str, info: dict) -> bool:
+        """Record what a fingerprint stands for; the first description of a fingerprint is kept. True if new."""
+        if not isinstance(fingerprint, str) or not fingerprint:
+            raise ValueError(f"a hardware fingerprint must be a non-empty string, got {fingerprint!r}")
+        data = _json(info)
+        return self._write(
+            lambda c: c.execute(
+                "INSERT OR IGNORE INTO hardware (fingerprint, info) VALUES (?, ?)", (fingerprint, data)
+            ).rowcount
+            == 1,
+            "register_hardware",
+        )
+
+    def _subgraph_row(self, subgraph_hash: str, onnx_bytes: Any) -> tuple | None:
+        if onnx_bytes is None:
+            return None
+        if not isinstance(onnx_bytes, (bytes, bytearray, memoryview)):
+            raise TypeError(f"onnx_bytes must be bytes, got {type(onnx_bytes).__name__}")
+        if self._read(
+            lambda c: c.execute("SELECT 1 FROM subgraphs WHERE hash = ?", (subgraph_hash,)).fetchone(), "lookup"
+        ):
+            return None
+        data = bytes(onnx_bytes)
+        n_nodes, ops = _onnx_summary(data)
+        return (subgraph_hash, data, n_nodes, ops)
+
+    def add_subgraph(self, subgraph_hash: str, onnx_bytes: bytes) -> bool:
+        """Store a subgraph's ONNX once per hash (no measurement needed). True if it was new."""
+        row = self._subgraph_row(subgraph_hash, onnx_bytes)
+        if row is None:
+            return False
+        return self._write(lambda c: c.execute(_INSERT_SUBGRAPH, row).rowcount == 1, "add_subgraph")
+
+    def commit(self, m: Measurement) -> bool:
+        """Commit one measurement now, in its own transaction. True if stored, False if its key existed.
+
+        ``m.onnx_bytes``, when given, is stored in ``subgraphs`` if that hash has none yet.
+        """
+        row = _measurement_row(m)
+        sub = self._subgraph_row(m.key.subgraph_hash, m.onnx_bytes)
+
+        def tx(c: sqlite3.Connection) -> bool:
+            if sub is not None:
+                c.execute(_INSERT_SUBGRAPH, sub)
+            return c.execute(_INSERT_MEASUREMENT, row).rowcount == 1
+
+        return self._write(tx, "commit")
+
+    def commit_many(self, ms: Iterable[Measurement]) -> int:
+        """Commit many measurements in one transaction (all or none). Returns how many were new."""
+        ms = list(ms)
+        rows = [_measurement_row(m) for m in ms]
+        subs: dict[str, tuple] = {}
+        for m in ms:
+            h = m.key.subgraph_hash
+            if m.onnx_bytes is not None and h not in subs:
+                sub = self._subgraph_row(h, m.onnx_bytes)
+                if sub is not None:
+                    subs[h] = sub
+        if not rows:
+            return 0
+
+        def tx(c: sqlite3.Connection) -> int:
+            if subs:
+                c.executemany(_INSERT_SUBGRAPH, list(subs.values()))
+            return c.executemany(_INSERT_MEASUREMENT, rows).rowcount
+
+        return self._write(tx, "commit_many")
+
+    # -- reading
+
+    @staticmethod
+    def _key_args(key: CandidateKey, hardware: str) -> tuple:
+        return (key.subgraph_hash, key.backend, key.backend_version, hardware)
+
+    def get(self, key: CandidateKey, hardware: str) -> Measurement | None:
+        """The measurement of ``key`` on ``hardware`` (valid or not), or None. ``onnx_bytes`` is not loaded."""
+        row = self._read(
+            lambda c: c.execute(
+                f"SELECT {_COLS} FROM measurements WHERE subgraph_hash = ? AND backend = ? "
+                "AND backend_version = ? AND hardware = ?",
+                self._key_args(key, hardware),
+            ).fetchone(),
+            "get",
+        )
+        return None if row is None else _measurement_from_row(row)
+
+    def has(self, key: CandidateKey, hardware: str) -> bool:
+        return (
+            self._read(
+                lambda c: c.execute(
+                    "SELECT 1 FROM measurements WHERE subgraph_hash = ? AND backend = ? "
+                    "AND backend_version = ? AND hardware = ?",
+                    self._key_args(key, hardware),
+                ).fetchone(),
+                "has",
+            )
+            is not None
+        )
+
+    def known_keys(self, hardware: str) -> set[tuple[str, str, str]]:
+        """All ``(subgraph_hash, backend, backend_version)`` measured on ``hardware``, valid or not."""
+        return self._read(
+            lambda c: {
+                tuple(r)
+                for r in c.execute(
+                    "SELECT subgraph_hash, backend, backend_version FROM measurements WHERE hardware = ?",
+                    (hardware,),
+                )
+            },
+            "known_keys",
+        )
+
+    @staticmethod
+    def _where(hardware: str | None, backend: str | None, valid: bool | None, family: str | None) -> tuple[str, list]:
+        conds, args = [], []
+        for col, val in (("hardware", hardware), ("backend", backend), ("family", family)):
+            if val is not None:
+                conds.append(f"{col} = ?")
+                args.append(val)
+        if valid is not None:
+            conds.append("valid = ?")
+            args.append(int(bool(valid)))
+        return (" AND ".join(conds) or "1"), args
+
+    def measurements(
+        self,
+        hardware: str | None = None,
+        backend: str | None = None,
+        valid: bool | None = None,
+        family: str | None = None,
+    ) -> Iterator[Measurement]:
+        """Stored measurements in commit order, filtered by whichever arguments are given.
+
+        Streams in pages; committing while iterating is fine (rows committed meanwhile may appear).
+        """
+        where, args = self._where(hardware, backend, valid, family)
+        last = 0
+        while True:
+            rows = self._read(
+                lambda c: c.execute(
+                    f"SELECT id, {_COLS} FROM measurements WHERE {where} AND id > ? ORDER BY id LIMIT {_PAGE}",
+                    (*args, last),
+                ).fetchall(),
+                "measurements",
+            )
+            for r in rows:
+                yield _measurement_from_row(r[1:])
+            if len(rows) < _PAGE:
+                return
+            last = rows[-1][0]
+
+    def count(self, hardware: str | None = None, backend: str | None = None, valid: bool | None = None, family: str | None = None) -> int:
+        where, args = self._where(hardware, backend, valid, family)
+        return self._read(lambda c: c.execute(f"SELECT COUNT(*) FROM measurements WHERE {where}", args).fetchone()[0], "count")
+
+    def __len__(self) -> int:
+        return self.count()
+
+    def subgraph_onnx(self, subgraph_hash: str) -> bytes | None:
+        row = self._read(
+            lambda c: c.execute("SELECT onnx FROM subgraphs WHERE hash = ?", (subgraph_hash,)).fetchone(), "subgraph_onnx"
+        )
+        return None if row is None else bytes(row[0])
+
+    def hardware_info(self, fingerprint: str) -> dict | None:
+        """The description registered for a fingerprint, or None."""
+        row = self._read(
+            lambda c: c.execute("SELECT info FROM hardware WHERE fingerprint = ?", (fingerprint,)).fetchone(),
+            "hardware_info",
+        )
+        return None if row is None else json.loads(row[0])
+
+    def stats(self, hardware: str | None = None) -> dict[str, Any]:
+        """Counts: ``total``, ``valid``, ``invalid``, ``subgraphs`` (distinct hashes measured),
+        ``onnx_stored`` (subgraphs with ONNX bytes, whole file), and per-``backends``,
+        per-``families`` and per-``hardware`` row counts."""
+        where, args = self._where(hardware, None, None, None)
+
+        def q(c: sqlite3.Connection) -> dict[str, Any]:
+            total, n_valid, n_sub = c.execute(
+                f"SELECT COUNT(*), COALESCE(SUM(valid), 0), COUNT(DISTINCT subgraph_hash) FROM measurements WHERE {where}",
+                args,
+            ).fetchone()
+
+            def group(col: str) -> dict[str, int]:
+                return dict(
+                    c.execute(
+                        f"SELECT {col}, COUNT(*) FROM measurements WHERE {where} GROUP BY {col} ORDER BY {col}", args
+                    ).fetchall()
+                )
+
+            return {
+                "total": total,
+                "valid": n_valid,
+                "invalid": total - n_valid,
+                "subgraphs": n_sub,
+                "onnx_stored": c.execute("SELECT COUNT(*) FROM subgraphs").fetchone()[0],
+                "backends": group("backend"),
+                "families": group("family"),
+                "hardware": group("hardware"),
+            }
+
+        return self._read(q, "stats")
+
+    # -- merge and export
+
+    def merge(self, other_path: str | os.PathLike) -> int:
+        """Add every measurement, subgraph and hardware row of another database that this one lacks.
+
+        Returns the number of measurements added. Idempotent; keeps existing rows on key clashes;
+        the other file is only read. A foreign, corrupt or newer file raises :class:`DatabaseError`.
+        """
+        other = Path(os.fspath(other_path))
+        if self.readonly:
+            raise self._fail("merge: the database was opened read-only")
+        if other.exists() and self.path.exists() and os.path.samefile(other, self.path):
+            return 0
+        Database(other, create=False, readonly=True).close()  # validates it, read-only
+        c = self._connection()
+        with self._lock:
+            self._retry(lambda: c.execute("ATTACH DATABASE ? AS other", (_uri(other, "ro"),)), "merge")
+            try:
+
+                def tx(c: sqlite3.Connection) -> int:
+                    c.execute("INSERT OR IGNORE INTO main.hardware (fingerprint, info) SELECT fingerprint, info FROM other.hardware")
+                    c.execute(
+                        "INSERT OR IGNORE INTO main.subgraphs (hash, onnx, n_nodes, ops) "
+                        "SELECT hash, onnx, n_nodes, ops FROM other.subgraphs"
+                    )
+                    return c.execute(
+                        f"INSERT OR IGNORE INTO main.measurements ({_COLS}) SELECT {_COLS} FROM other.measurements ORDER BY id"
+                    ).rowcount
+
+                return self._write(tx, f"merge of {other}")
+            finally:
+                try:
+                    c.execute("DETACH DATABASE other")
+                except sqlite3.Error:
+                    pass
+
+    def export_parquet(self, path: str | os.PathLike, hardware: str | None = None) -> int:
+        """Write the measurements table (optionally one fingerprint's rows) to Parquet; returns the row count.
+
+        ``samples``, ``versions`` and ``extra`` are JSON strings; ``valid`` is boolean. Needs pyarrow.
+        """
+        try:
+            import pyarrow as pa
+            import pyarrow.parquet as pq
+        except ImportError as e:
+            raise CollageError("exporting to Parquet needs pyarrow, which is not installed: pip install pyarrow") from e
+        where, args = self._where(hardware, None, None, None)
+        rows = self._read(
+            lambda c: c.execute(f"SELECT id, {_COLS} FROM measurements WHERE {where} ORDER BY id", args).fetchall(),
+            "export_parquet",
+        )
+        types = {
+            "id": pa.int64(),
+            "subgraph_hash": pa.string(),
+            "backend": pa.string(),
+            "backend_version": pa.string(),
+            "hardware": pa.string(),
+            "valid": pa.bool_(),
+            "median": pa.float64(),
+            "spread": pa.float64(),
+            "samples": pa.string(),
+            "compile_seconds": pa.float64(),
+            "max_abs_error": pa.float64(),
+            "max_rel_error": pa.float64(),
+            "threads": pa.int64(),
+            "versions": pa.string(),
+            "family": pa.string(),
+            "error_text": pa.string(),
+            "timestamp": pa.float64(),
+            "extra": pa.string(),
+        }
+        names = ["id", *_MEASUREMENT_COLUMNS]
+        columns = {n: [r[i] for r in rows] for i, n in enumerate(names)}
+        columns["valid"] = [bool(v) for v in columns["valid"]]
+        schema = pa.schema([(n, types[n]) for n in names]).with_metadata(
+            {"collage_ml_schema_version": str(SCHEMA_VERSION), "source": str(self.path)}
+        )
+        table = pa.Table.from_pydict(columns, schema=schema)
+        out = Path(os.fspath(path))
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
+        try:
+            pq.write_table(table, tmp)
+            os.replace(tmp, out)
+        finally:
+            if tmp.exists():
+                tmp.unlink()
+        return len(rows)

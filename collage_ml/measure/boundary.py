@@ -1,0 +1,133 @@
+"""Boundary costs: what a hand-off between two partitions costs, per ordered backend pair.
+
+Measured in *executed chains*, as DESIGN.md asks: a tensor of ``nbytes``
+goes through a one-node partition on backend A, is handed to a one-node
+partition on backend B, and the pair is called back to back. The boundary
+cost is the chain's median minus the medians of A and B timed alone:
+dispatch, any copy, and the threads of one runtime still spinning (or already
+asleep) when the other starts. Same-backend pairs (A->A) give the cost of
+cutting one session into two.
+
+Results are stored like any other measurement: the subgraph hash is
+``boundary:<nbytes>``, the backend ``A->B``, the version ``vA|vB``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Iterable, Sequence
+
+import numpy as np
+
+from collage_ml.cost import CandidateKey, Measurement
+from collage_ml.measure.timing import TimingConfig
+
+#: tensor sizes the table is measured at (float32 elements): 1 KiB, 64 KiB, 1 MiB, 4 MiB
+SIZES = (256, 16384, 262144, 1048576)
+
+
+def _chain_graph(numel: int):
+    from onnx import TensorProto, helper
+
+    from collage_ml.ir.importers import from_onnx
+
+    nodes = [helper.make_node("Relu", ["x"], ["h"]), helper.make_node("Relu", ["h"], ["y"])]
+    g = helper.make_graph(
+        nodes, "boundary",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, numel])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, numel])],
+    )
+    return from_onnx(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), name="boundary")
+
+
+@dataclass
+class BoundaryTask:
+    first: tuple[str, str, dict]
+    second: tuple[str, str, dict]
+    numel: int
+    threads: int
+    timing: TimingConfig = field(default_factory=TimingConfig)
+
+    def execute(self) -> dict:
+        from collage_ml.backends.base import to_numpy
+        from collage_ml.measure.runner import build_backend
+        from collage_ml.measure.timing import time_callable
+
+        try:
+            g = _chain_graph(self.numel)
+            a = build_backend(self.first).compile(g.subgraph([0]), threads=self.threads)
+            b = build_backend(self.second).compile(g.subgraph([1]), threads=self.threads)
+            x = np.random.default_rng(0).standard_normal((1, self.numel)).astype(np.float32)
+            h = a(x)[0]
+            if not np.allclose(to_numpy(b(h)[0]), np.maximum(x, 0)):
+                return {"valid": False, "error_text": "wrong numbers across the hand-off"}
+            # one backend per phase first (each alone), then the chain
+            ta = time_callable(lambda: a(x), self.timing)
+            tb = time_callable(lambda: b(h), self.timing)
+            tc = time_callable(lambda: b(a(x)[0]), self.timing)
+            cost = tc.median - ta.median - tb.median
+            return {
+                "valid": True, "samples": tc.samples, "median": max(cost, 0.0), "spread": tc.spread,
+                "extra": {"chain": tc.median, "first": ta.median, "second": tb.median, "raw": cost},
+            }
+        except Exception as e:
+            return {"valid": False, "error_text": f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"}
+
+
+def boundary_key(first, second, nbytes: int) -> CandidateKey:
+    return CandidateKey(f"boundary:{nbytes}", f"{first.name}->{second.name}", f"{first.version}|{second.version}")
+
+
+def measure_boundaries(runner, backends: Sequence, sizes: Iterable[int] = SIZES) -> list[Measurement]:
+    """Measures (or reads from the runner's DB) the boundary cost of every ordered backend pair."""
+    out = []
+    for a in backends:
+        for b in backends:
+            for numel in sizes:
+                key = boundary_key(a, b, numel * 4)
+                cached = runner.lookup(key)
+                if cached is not None:
+                    out.append(cached)
+                    continue
+                r = runner.worker.run(BoundaryTask(a.spec(), b.spec(), numel, runner.threads, runner.timing), runner.timeout)
+                m = Measurement(
+                    key=key, hardware=runner.hardware, valid=bool(r.get("valid")), samples=r.get("samples", []),
+                    median=r.get("median"), spread=r.get("spread"), threads=runner.threads,
+                    versions={**a.versions(), **b.versions()}, family="boundary", error_text=r.get("error_text", ""),
+                    extra=r.get("extra", {}),
+                )
+                if runner.db is not None:
+                    runner.db.commit(m)
+                out.append(m)
+    return out
+
+
+class BoundaryTable:
+    """Boundary cost lookup by (first backend, second backend, bytes), interpolated in log-size."""
+
+    def __init__(self, measurements: Iterable[Measurement]):
+        self.points: dict[tuple[str, str], list[tuple[int, float]]] = {}
+        for m in measurements:
+            if not m.valid or not m.key.subgraph_hash.startswith("boundary:"):
+                continue
+            a, _, b = m.key.backend.partition("->")
+            nbytes = int(m.key.subgraph_hash.split(":", 1)[1])
+            self.points.setdefault((a, b), []).append((nbytes, float(m.median)))
+        for v in self.points.values():
+            v.sort()
+
+    def cost(self, first: str, second: str, nbytes: int) -> float | None:
+        """Seconds, or None when the pair was never measured."""
+        pts = self.points.get((first, second))
+        if not pts:
+            return None
+        xs = [math.log(max(p[0], 1)) for p in pts]
+        ys = [p[1] for p in pts]
+        return float(np.interp(math.log(max(nbytes, 1)), xs, ys))
+
+    def rows(self) -> list[dict]:
+        return [
+            {"from": a, "to": b, **{f"{n // 1024}KiB_us": round(c * 1e6, 2) for n, c in pts}}
+            for (a, b), pts in sorted(self.points.items())
+        ]

@@ -1,0 +1,61 @@
+"""Deliberately broken backends: test fixtures, never registered for users.
+
+Each wraps onnxruntime and breaks one thing: the numbers, the process, or
+the clock. Workers rebuild them from ``Backend.spec()``, so they live in an
+importable module.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import numpy as np
+
+from collage_ml.backends.onnxruntime_backend import OnnxRuntimeBackend
+
+
+class _Wrap:
+    def __init__(self, inner, fn):
+        self.inner = inner
+        self.fn = fn
+        self.input_names = inner.input_names
+        self.output_names = inner.output_names
+
+    def __call__(self, *xs):
+        return self.fn(self.inner(*xs))
+
+    def close(self):
+        self.inner.close()
+
+
+class WrongNumbersFixture(OnnxRuntimeBackend):
+    name = "test-wrong-numbers"
+
+    def compile(self, sg, threads=1):
+        return _Wrap(super().compile(sg, threads), lambda outs: [np.asarray(o) + 1.0 for o in outs])
+
+
+class AbortFixture(OnnxRuntimeBackend):
+    name = "test-abort"
+
+    def compile(self, sg, threads=1):
+        os.abort()
+
+
+class HangFixture(OnnxRuntimeBackend):
+    name = "test-hang"
+
+    def compile(self, sg, threads=1):
+        def hang(outs):
+            time.sleep(3600)
+            return outs
+
+        return _Wrap(super().compile(sg, threads), hang)
+
+
+class RaiseFixture(OnnxRuntimeBackend):
+    name = "test-raise"
+
+    def compile(self, sg, threads=1):
+        raise RuntimeError("this backend always fails to compile")

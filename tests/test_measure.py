@@ -1,0 +1,138 @@
+import numpy as np
+import pytest
+
+from collage_ml.backends.onnxruntime_backend import OnnxRuntimeBackend
+from collage_ml.candidates import Candidate, enumerate_candidates
+from collage_ml.ir import import_model
+from collage_ml.measure.runner import Runner
+from collage_ml.measure.timing import TimingConfig, Tolerance, compare, time_callable
+from tests.fake_backends import AbortFixture, HangFixture, RaiseFixture, WrongNumbersFixture
+
+FAST = TimingConfig(warmup=1, warmup_seconds=0.0, min_repeats=3, max_repeats=10, time_cap=0.2)
+
+
+def test_compare_tolerance_rule():
+    w = np.array([1.0, 10.0, 100.0], np.float32)
+    assert compare([w * (1 + 5e-4)], [w], ["y"]).ok
+    bad = compare([w + np.array([0, 0, 1.0], np.float32)], [w], ["y"])
+    assert not bad.ok and "max abs error 1" in bad.detail
+    assert not compare([w[:2]], [w], ["y"]).ok
+    assert not compare([np.array([1, 2])], [np.array([1, 3])], ["i"]).ok
+    nan = w.copy()
+    nan[0] = np.nan
+    assert not compare([nan], [w], ["y"]).ok
+    # the absolute part scales with the tensor's magnitude
+    big = np.full(100, 50.0, np.float32)
+    big[0] = 0.0
+    got = big.copy()
+    got[0] = 3e-3
+    assert compare([got], [big], ["y"], Tolerance(rtol=1e-3, atol=1e-4)).ok
+
+
+def test_time_callable_stops_and_reports():
+    calls = []
+    r = time_callable(lambda: calls.append(1), FAST)
+    assert 3 <= len(r.samples) <= 10
+    assert r.median >= 0 and r.spread >= 0
+    assert len(calls) >= len(r.samples) + 1
+
+
+@pytest.fixture(scope="module")
+def graph():
+    return import_model("resnet50-tiny")
+
+
+def _cands(graph, backend, n):
+    out = []
+    for c in enumerate_candidates(graph, [backend], max_region_size=3):
+        if len(c.subgraph) <= 3:
+            out.append(c)
+        if len(out) == n:
+            break
+    return out
+
+
+def test_runner_measures_valid_candidates(graph):
+    ort = OnnxRuntimeBackend()
+    cands = _cands(graph, ort, 4)
+    with Runner(threads=1, timing=FAST) as r:
+        ms = r.measure(cands, graph.reference())
+    assert all(m.valid for m in ms), [m.error_text for m in ms]
+    for m in ms:
+        assert m.median > 0 and len(m.samples) >= 3 and m.threads == 1
+        assert m.max_abs_error < 1e-3 and m.compile_seconds is not None
+        assert m.key.backend == "onnxruntime" and m.hardware
+
+
+def test_broken_backends_are_invalid_and_the_run_continues(graph):
+    ref = graph.reference()
+    sg = _cands(graph, OnnxRuntimeBackend(), 1)[0].subgraph
+    cands = [
+        Candidate(sg, WrongNumbersFixture()),
+        Candidate(sg, AbortFixture()),
+        Candidate(sg, HangFixture()),
+        Candidate(sg, RaiseFixture()),
+        Candidate(sg, OnnxRuntimeBackend()),
+    ]
+    with Runner(threads=1, timing=FAST, timeout=5) as r:
+        ms = {c.backend.name: r.measure_one(c, ref) for c in cands}
+    assert not ms["test-wrong-numbers"].valid and "wrong numbers" in ms["test-wrong-numbers"].error_text
+    assert not ms["test-abort"].valid and "SIGABRT" in ms["test-abort"].error_text
+    assert not ms["test-hang"].valid and "timeout" in ms["test-hang"].error_text
+    assert not ms["test-raise"].valid and "always fails" in ms["test-raise"].error_text
+    assert ms["onnxruntime"].valid
+    for name, m in ms.items():
+        assert m.cost.is_invalid == (name != "onnxruntime")
+
+
+def test_cache_hits_remeasure_nothing(graph, tmp_path):
+    from collage_ml.db import Database
+
+    ort = OnnxRuntimeBackend()
+    cands = _cands(graph, ort, 3)
+    with Database(tmp_path / "m.db") as db:
+        with Runner(db=db, threads=1, timing=FAST) as r:
+            first = r.measure(cands, graph.reference())
+            assert r.measured == 3 and r.cache_hits == 0
+        assert db.stats()["valid"] == 3
+        # onnx bytes are kept for featurizers, without the large weights
+        assert all(db.subgraph_onnx(c.subgraph.hash) for c in cands)
+        with Runner(db=db, threads=1, timing=FAST) as r:
+            again = r.measure(cands, graph.reference())
+            assert r.measured == 0 and r.cache_hits == 3
+            assert r.worker.proc is None  # no worker was even started
+        assert [m.median for m in again] == [m.median for m in first]
+
+
+def test_repeated_block_is_measured_once():
+    g = import_model("bert-tiny")
+    ort = OnnxRuntimeBackend()
+    # bert-tiny has two identical layers: their LayerNormalization nodes share a hash
+    lns = [n.index for n in g.nodes if n.op_type == "LayerNormalization"]
+    cands = [Candidate(g.subgraph([i]), ort) for i in lns]
+    assert len({c.subgraph.hash for c in cands}) < len(cands)
+    with Runner(threads=1, timing=FAST) as r:
+        ms = r.measure(cands, g.reference())
+    assert r.measured == len({c.subgraph.hash for c in cands})
+    assert all(m.valid for m in ms)
+
+
+def test_boundary_costs_measured_in_chains(tmp_path):
+    from collage_ml.backends import get_backend
+    from collage_ml.db import Database
+    from collage_ml.measure.boundary import BoundaryTable, measure_boundaries
+
+    backends = [OnnxRuntimeBackend(), get_backend("torch")]
+    with Database(tmp_path / "b.db") as db, Runner(db=db, threads=1, timing=FAST) as r:
+        ms = measure_boundaries(r, backends, sizes=(256, 65536))
+        assert len(ms) == 8 and all(m.valid for m in ms), [m.error_text for m in ms]
+        for m in ms:
+            assert m.extra["chain"] > 0 and m.median >= 0
+        table = BoundaryTable(db.measurements(family="boundary"))
+        assert table.cost("onnxruntime", "torch", 1024) is not None
+        assert table.cost("torch", "onnxruntime", 10**6) >= 0
+        assert table.cost("onnxruntime", "tvm", 1024) is None
+        before = len(db)
+        again = measure_boundaries(r, backends, sizes=(256,))
+        assert len(db) == before  # read back from the database, nothing re-measured
+        assert [m.median for m in again] == [m.median for m in ms if m.key.subgraph_hash == "boundary:1024"]

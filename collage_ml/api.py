@@ -35,6 +35,48 @@ def export_zoo(name: str, path: str | Path, batch: int = 1, seed: int = 0) -> Gr
     return g
 
 
+def place(
+    model: Any,
+    backends: Sequence[str] | str | None = None,
+    mode: str = "exhaustive",
+    db: Any = None,
+    *,
+    example_inputs: Sequence[Any] | None = None,
+    batch: int = 1,
+    input_shapes: Mapping[str, Sequence[int]] | None = None,
+    max_region_size: int = 3,
+    threads: int | None = None,
+    progress: bool = False,
+    log=None,
+    **kwargs: Any,
+):
+    """Places ``model`` on the fastest mix of ``backends``; returns a runnable :class:`PlacedModel`.
+
+    ``model`` is anything :func:`import_model` takes. ``backends`` is a list or a
+    comma-separated string of backend names (default: the CPU default set).
+    ``db`` is a database path or :class:`~collage_ml.db.Database` (default: the
+    per-user database, so placing the same model twice hits the cache). The
+    placed model's ``report`` holds the measurements, the baselines and the
+    search statistics.
+    """
+    from collage_ml.backends.base import resolve_backends
+    from collage_ml.search.tuner import place as _place
+
+    graph = import_model(model, example_inputs, batch=batch, input_shapes=input_shapes)
+    family = model if isinstance(model, str) and not str(model).endswith(".onnx") else graph.name
+    res = _place(graph, resolve_backends(backends), mode, db, max_region_size=max_region_size, threads=threads,
+                 progress=progress, log=log, family=family.removesuffix("-tiny") if isinstance(family, str) else "",
+                 **kwargs)
+    return res.placed
+
+
+def load(path: str | Path, threads: int | None = None):
+    """Loads a placed model saved with ``PlacedModel.save(dir)``; its backends are recompiled."""
+    from collage_ml.plan import load as _load
+
+    return _load(path, threads=threads)
+
+
 def backends_info() -> list[dict]:
     """Every registered backend with its availability, version, device and pattern kinds."""
     from collage_ml.backends import all_backends
@@ -66,6 +108,6 @@ def db_merge(into: str | Path, other: str | Path) -> int:
 
 
 __all__ = [
-    "import_model", "inspect_model", "export_zoo", "backends_info", "open_db", "db_stats", "db_export_parquet",
+    "place", "load", "import_model", "inspect_model", "export_zoo", "backends_info", "open_db", "db_stats", "db_export_parquet",
     "db_merge",
 ]

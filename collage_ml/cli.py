@@ -57,6 +57,20 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("--input-shape", type=_shape_arg, action="append", default=[], metavar="NAME=D1,D2,...",
                    help="pin a dynamic input's shape (repeatable)")
     i.add_argument("--json", action="store_true", help="print JSON")
+    pl = sub.add_parser("place", help="place a model's subgraphs on the fastest backends")
+    pl.add_argument("model", help="a zoo name or an .onnx path")
+    pl.add_argument("--backends", default=None, help="comma-separated backend names (default: the CPU default set)")
+    pl.add_argument("--mode", default="exhaustive", choices=["exhaustive"], help="search mode")
+    pl.add_argument("--db", default=None, metavar="PATH", help="measurement database (default: per-user)")
+    pl.add_argument("--out", default=None, metavar="DIR", help="save the placed model here")
+    pl.add_argument("--report", default=None, metavar="FILE.json", help="write the JSON report here")
+    pl.add_argument("--max-region-size", type=_positive_int, default=3,
+                    help="largest region candidate, in nodes (whole-model regions are always tried)")
+    pl.add_argument("--threads", type=_positive_int, default=None, help="intra-op threads for every backend")
+    pl.add_argument("--batch", type=_positive_int, default=1, help="batch size (zoo models)")
+    pl.add_argument("--input-shape", type=_shape_arg, action="append", default=[], metavar="NAME=D1,D2,...")
+    pl.add_argument("--no-progress", action="store_true", help="no progress bar")
+
     b = sub.add_parser("backends", help="list the backends with availability, version and device")
     b.add_argument("--json", action="store_true", help="print JSON")
 
@@ -123,6 +137,48 @@ def _cmd_db(args) -> int:
     return 0
 
 
+def _cmd_place(args) -> int:
+    from rich.console import Console
+
+    from collage_ml import api
+
+    console = Console(stderr=True)
+    pm = api.place(
+        args.model, backends=args.backends, mode=args.mode, db=args.db, batch=args.batch,
+        input_shapes=dict(args.input_shape) or None, max_region_size=args.max_region_size, threads=args.threads,
+        progress=not args.no_progress, log=lambda s: console.print(f"[dim]{s}[/]"),
+    )
+    rep = pm.report
+    rows = []
+    for name, native in rep["baselines_ms"].items():
+        e2e = rep["baselines_e2e_ms"].get(name)
+        rows.append((f"all on {name}", _ms(native), _ms(e2e), _ratio(e2e, rep["plan_latency_ms"])))
+    rows.append((f"placed ({rep['chosen']}, {len(rep['partitions'])} partitions)", "", _ms(rep["plan_latency_ms"]), "1.00x"))
+    _table(f"{rep['model']} on {rep['hardware']} ({rep['threads']} threads)",
+           ["plan", "native ms", "end-to-end ms", "speed-up of placed"], rows)
+    print(f"measurements: {rep['measurements']} new, {rep['cache_hits']} cache hits, {rep['candidates']} candidates; "
+          f"search {rep['search_seconds']:.1f} s; max abs error {rep['max_abs_error']:.3g}")
+    if args.report:
+        with open(args.report, "w") as f:
+            json.dump(rep, f, indent=1)
+    if args.out:
+        pm.save(args.out)
+        print(f"saved the placed model to {args.out}")
+    if not rep["outputs_match"]:
+        print(f"collage-ml: error: the placed model's outputs do not match the reference: {rep['mismatch']}",
+              file=sys.stderr)
+        return 1
+    return 0
+
+
+def _ms(v) -> str:
+    return "-" if v is None else f"{v:.3f}"
+
+
+def _ratio(base, plan) -> str:
+    return "-" if not base or not plan else f"{base / plan:.2f}x"
+
+
 def _cmd_zoo(args) -> int:
     from collage_ml import api
     from collage_ml.ir import zoo
@@ -170,7 +226,7 @@ def _cmd_inspect(args) -> int:
     return 0
 
 
-COMMANDS = {"zoo": _cmd_zoo, "inspect": _cmd_inspect, "backends": _cmd_backends, "db": _cmd_db}
+COMMANDS = {"place": _cmd_place, "zoo": _cmd_zoo, "inspect": _cmd_inspect, "backends": _cmd_backends, "db": _cmd_db}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

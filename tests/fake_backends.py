@@ -59,3 +59,15 @@ class RaiseFixture(OnnxRuntimeBackend):
 
     def compile(self, sg, threads=1):
         raise RuntimeError("this backend always fails to compile")
+
+
+class FakeCostBackend(OnnxRuntimeBackend):
+    """A named region backend for search tests: runs on onnxruntime, costs come from a test's table."""
+
+    def __init__(self, name: str = "fake-a", spin: bool = False, opt_level: str = "all"):
+        super().__init__(spin=spin, opt_level=opt_level)
+        self.name = name
+        self.config["name"] = name
+
+    def _version(self) -> str:
+        return "fake-1"

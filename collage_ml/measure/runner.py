@@ -16,9 +16,11 @@ the database for this hardware fingerprint are cache hits and are not run.
 from __future__ import annotations
 
 import importlib
-import multiprocessing as mp
 import os
 import signal
+import socket
+import subprocess
+import sys
 import time
 import traceback
 from dataclasses import dataclass, field
@@ -93,7 +95,11 @@ def execute(task: Task) -> dict:
         return {"valid": False, "error_text": f"{type(e).__name__}: {str(e).splitlines()[0][:400] if str(e) else ''}{where}"}
 
 
-def _worker_main(conn, threads: int) -> None:
+def _worker_main(fd: int, threads: int) -> None:
+    """The worker's loop: receive a task, send back ``task.execute()``; ``None`` stops it."""
+    from multiprocessing.connection import Connection
+
+    conn = Connection(fd)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C
     try:
         import torch
@@ -115,38 +121,52 @@ def _worker_main(conn, threads: int) -> None:
 
 
 class Worker:
-    """One persistent worker process; restarted after a crash or a timeout."""
+    """One persistent worker process; restarted after a crash or a timeout.
+
+    The worker is a fresh interpreter (``python -m collage_ml.measure.runner``)
+    talking over a socket pair, not a ``multiprocessing`` child: that way it
+    never re-imports the user's ``__main__``, so scripts without an
+    ``if __name__ == "__main__"`` guard work. It gets the parent's
+    ``sys.path``, so backends defined in importable user modules resolve.
+    """
 
     def __init__(self, threads: int):
         self.threads = threads
-        self.proc: mp.Process | None = None
+        self.proc: subprocess.Popen | None = None
         self.conn = None
 
     def start(self) -> None:
-        ctx = mp.get_context("spawn")
-        parent, child = ctx.Pipe()
-        saved = {k: os.environ.get(k) for k in THREAD_ENV}
+        from multiprocessing.connection import Connection
+
+        ours, theirs = socket.socketpair()
+        env = dict(os.environ)
         for k in THREAD_ENV:
-            os.environ[k] = str(self.threads)
+            env[k] = str(self.threads)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
         try:
-            self.proc = ctx.Process(target=_worker_main, args=(child, self.threads), daemon=True)
-            self.proc.start()
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "collage_ml.measure.runner", str(theirs.fileno()), str(self.threads)],
+                pass_fds=[theirs.fileno()], env=env, stdin=subprocess.DEVNULL,
+            )
         finally:
-            for k, v in saved.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
-        child.close()
-        self.conn = parent
+            theirs.close()
+        self.conn = Connection(ours.detach())
         # wait for the worker's imports, so a task's timeout covers only the task
-        if not parent.poll(STARTUP_TIMEOUT) or parent.recv() != "ready":
+        try:
+            ok = self.conn.poll(STARTUP_TIMEOUT) and self.conn.recv() == "ready"
+        except (EOFError, OSError):
+            ok = False
+        if not ok:
             self.kill()
-            raise RuntimeError(f"measurement worker did not start within {STARTUP_TIMEOUT} s")
+            raise RuntimeError(f"measurement worker did not start within {STARTUP_TIMEOUT:g} s")
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
 
     def run(self, task, timeout: float) -> dict:
         """Runs ``task.execute()`` in the worker; a crash or timeout gives an invalid result dict."""
-        if self.proc is None or not self.proc.is_alive():
+        if not self.alive():
+            self.kill()
             self.start()
         try:
             self.conn.send(task)
@@ -157,27 +177,32 @@ class Worker:
         except (EOFError, BrokenPipeError, ConnectionResetError, OSError):
             code = None
             if self.proc is not None:
-                self.proc.join(5)
-                code = self.proc.exitcode
+                try:
+                    code = self.proc.wait(5)
+                except subprocess.TimeoutExpired:
+                    pass
             self.kill()
             return {"valid": False, "error_text": f"worker crashed ({_describe_exit(code)})"}
 
     def kill(self) -> None:
         if self.proc is not None:
-            if self.proc.is_alive():
+            if self.proc.poll() is None:
                 self.proc.kill()
-            self.proc.join(5)
+            try:
+                self.proc.wait(5)
+            except subprocess.TimeoutExpired:  # pragma: no cover
+                pass
         if self.conn is not None:
             self.conn.close()
         self.proc = None
         self.conn = None
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.is_alive():
+        if self.alive():
             try:
                 self.conn.send(None)
-                self.proc.join(5)
-            except (OSError, BrokenPipeError):
+                self.proc.wait(5)
+            except (OSError, BrokenPipeError, subprocess.TimeoutExpired):
                 pass
         self.kill()
 
@@ -319,3 +344,7 @@ def measure_candidates(
     """One-shot convenience: a Runner for one batch of candidates."""
     with Runner(db=db, **runner_kwargs) as r:
         return r.measure(list(candidates), reference)
+
+
+if __name__ == "__main__":  # the worker process: python -m collage_ml.measure.runner FD THREADS
+    _worker_main(int(sys.argv[1]), int(sys.argv[2]))

@@ -1,0 +1,65 @@
+"""End-to-end measurement of a compiled plan, in a worker process.
+
+The plan is compiled into a PlacedModel inside the worker, run on the
+reference inputs, checked against the reference outputs, and timed by the
+same rules as candidates. A plan that fails to compile or gives wrong numbers
+is invalid, with its error text.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from collage_ml.measure.timing import Tolerance, TimingConfig
+
+
+@dataclass
+class PlanTask:
+    model_bytes: bytes
+    plan_json: str
+    feeds: dict[str, np.ndarray]
+    expected: dict[str, np.ndarray]
+    threads: int
+    timing: TimingConfig = field(default_factory=TimingConfig)
+    tolerance: Tolerance = field(default_factory=Tolerance)
+
+    def execute(self) -> dict:
+        import time
+
+        import onnx
+
+        from collage_ml.backends.base import to_numpy
+        from collage_ml.ir.importers import from_onnx
+        from collage_ml.measure.timing import compare, time_callable
+        from collage_ml.plan import Plan
+
+        try:
+            plan = Plan.from_json(self.plan_json)
+            graph = from_onnx(onnx.load_from_string(self.model_bytes), name=plan.model)
+            t0 = time.perf_counter()
+            pm = plan.compile(graph, threads=self.threads)
+            compile_seconds = time.perf_counter() - t0
+            out = pm.run(self.feeds)
+            names = list(pm.output_names)
+            cmp = compare([to_numpy(out[n]) for n in names], self.expected, names, self.tolerance)
+            if not cmp.ok:
+                return {"valid": False, "error_text": f"wrong numbers: {cmp.detail}", "max_abs_error": cmp.max_abs}
+            res = time_callable(lambda: pm.run(self.feeds), self.timing)
+            return {
+                "valid": True, "median": res.median, "spread": res.spread, "samples": res.samples,
+                "max_abs_error": cmp.max_abs, "compile_seconds": compile_seconds,
+                "partitions": len(pm.plan.partitions),
+            }
+        except Exception as e:
+            return {"valid": False, "error_text": f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"}
+
+
+def measure_plan(runner, graph, plan, reference) -> dict:
+    """Measures ``plan`` end to end in the runner's worker; returns the result dict."""
+    feeds = {n: reference[n] for n in graph.input_names}
+    expected = {n: reference[n] for n in graph.output_names}
+    task = PlanTask(graph.model.SerializeToString(), plan.to_json(), feeds, expected, runner.threads,
+                    runner.timing, runner.tolerance)
+    return runner.worker.run(task, runner.timeout * 4)

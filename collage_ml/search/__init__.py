@@ -1,0 +1,1 @@
+"""Search: the op-level DP, the graph-level evolutionary search, and the tuner loop."""

@@ -1,0 +1,245 @@
+"""Placement: enumerate candidates, measure them, solve the op-level DP, judge plans end to end.
+
+``mode="exhaustive"`` is Collage as published: every candidate is measured
+(or read from the database, when this hardware measured it before). The DP
+picks the cheapest cover by the sum of measured candidate costs plus measured
+boundary costs. Then every plan worth considering is judged by its *executed*
+end-to-end latency: the DP plan (after merging adjacent same-backend
+regions) and, for every backend that can run the whole model, that backend
+alone. The fastest measured plan wins, so a placement is never slower than
+the best single backend by more than noise.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+from collage_ml.backends.base import Backend, resolve_backends
+from collage_ml.candidates import Candidate, enumerate_candidates
+from collage_ml.errors import CollageError
+from collage_ml.ir.graph import Graph
+from collage_ml.measure.boundary import BoundaryTable, measure_boundaries
+from collage_ml.measure.e2e import measure_plan
+from collage_ml.measure.runner import Runner
+from collage_ml.measure.timing import Tolerance, TimingConfig
+from collage_ml.plan import Plan, PlacedModel
+from collage_ml.search.dp import solve
+
+MODES = ("exhaustive",)
+
+
+def default_db_path() -> Path:
+    """The per-user measurement database (``$COLLAGE_ML_CACHE/measurements.db``)."""
+    from collage_ml.ir.importers import cache_dir
+
+    return cache_dir() / "measurements.db"
+
+
+@dataclass
+class PlaceResult:
+    placed: PlacedModel
+    report: dict[str, Any]
+    plans: dict[str, dict] = field(default_factory=dict)  # label -> e2e result
+
+
+class Progress:
+    """A rich progress bar over measurements (a no-op when disabled)."""
+
+    def __init__(self, enabled: bool, total: int, title: str):
+        self.enabled = enabled and total > 0
+        self.invalid: dict[str, int] = {}
+        if self.enabled:
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress as RP, TextColumn, TimeRemainingColumn
+
+            self.bar = RP(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                          TimeRemainingColumn(), TextColumn("{task.fields[extra]}"), transient=False)
+            self.task = self.bar.add_task(title, total=total, extra="")
+            self.bar.start()
+
+    def step(self, c: Candidate, m, cached: bool) -> None:
+        if not m.valid:
+            self.invalid[c.backend.name] = self.invalid.get(c.backend.name, 0) + 1
+        if self.enabled:
+            inv = ", ".join(f"{k}:{v}" for k, v in sorted(self.invalid.items()))
+            self.bar.update(self.task, advance=1, extra=f"invalid {inv}" if inv else "")
+
+    def close(self) -> None:
+        if self.enabled:
+            self.bar.stop()
+
+
+def _open_db(db):
+    from collage_ml.db import Database
+
+    if db is None:
+        path = default_db_path()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return Database(path), True
+    if isinstance(db, (str, Path)):
+        return Database(db), True
+    return db, False
+
+
+def place(
+    graph: Graph,
+    backends: Sequence[Backend] | str | None = None,
+    mode: str = "exhaustive",
+    db=None,
+    *,
+    max_region_size: int = 4,
+    threads: int | None = None,
+    timing: TimingConfig = TimingConfig(),
+    tolerance: Tolerance = Tolerance(),
+    timeout: float = 300.0,
+    progress: bool = True,
+    family: str = "",
+    log: Callable[[str], None] | None = None,
+) -> PlaceResult:
+    """Places ``graph`` on ``backends`` (default: the CPU default set). See the module docstring."""
+    if mode not in MODES:
+        raise CollageError(f"unknown mode {mode!r}; available: {', '.join(MODES)}")
+    if max_region_size < 1:
+        raise ValueError(f"max_region_size must be >= 1, got {max_region_size}")
+    t_start = time.perf_counter()
+    backends = list(backends) if isinstance(backends, (list, tuple)) else resolve_backends(backends)
+    if not backends:
+        raise CollageError("no backend is available")
+    say = log or (lambda s: None)
+    database, owned = _open_db(db)
+    try:
+        with Runner(db=database, threads=threads, timing=timing, tolerance=tolerance, timeout=timeout,
+                    family=family or graph.name) as runner:
+            ref = graph.reference()
+            cands = list(enumerate_candidates(graph, backends, max_region_size=max_region_size))
+            whole = graph.whole()
+            # every backend that supports every node gets its whole-model baseline measured natively
+            baselines = [Candidate(whole, b, "whole-model") for b in backends if b.supports_subgraph(whole)]
+            todo = cands + [c for c in baselines if not any(x.backend is c.backend and x.subgraph.mask == whole.mask for x in cands)]
+            uniq = len({c.key for c in todo})
+            say(f"{graph.name}: {len(graph)} nodes, {len(cands)} candidates ({uniq} distinct) on "
+                f"{', '.join(b.name for b in backends)}")
+            bar = Progress(progress, uniq, "measuring")
+            seen: set = set()
+
+            def on_result(c, m, cached):
+                if c.key not in seen:
+                    seen.add(c.key)
+                    bar.step(c, m, cached)
+
+            try:
+                ms = runner.measure(todo, ref, on_result=on_result)
+            finally:
+                bar.close()
+            cost_of = {c.key: (m.median if m.valid else None) for c, m in zip(todo, ms)}
+            boundary_ms = measure_boundaries(runner, backends)
+            table = BoundaryTable(boundary_ms)
+
+            def boundary(a: str, b: str, nbytes: int) -> float:
+                v = table.cost(a, b, nbytes)
+                return 0.0 if v is None else v
+
+            t_dp = time.perf_counter()
+            dp = solve(graph, cands, [cost_of[c.key] for c in cands], boundary)
+            dp_seconds = time.perf_counter() - t_dp
+            common = dict(hardware=runner.hardware, threads=runner.threads,
+                          versions={k: v for b in backends for k, v in b.versions().items()})
+            dp_plan = Plan.from_candidates(graph, dp.choice, dp.per_candidate, predicted_ms=dp.cost * 1e3, **common)
+            plans: dict[str, Plan] = {"op-level": dp_plan}
+            baseline_ms: dict[str, float | None] = {b.name: None for b in backends}
+            for c in baselines:
+                cst = cost_of.get(c.key)
+                baseline_ms[c.backend.name] = None if cst is None else cst * 1e3
+                if cst is not None:
+                    plans[f"all-{c.backend.name}"] = Plan.single(graph, c.backend, predicted_ms=cst * 1e3, **common)
+            # judge by executed end-to-end latency, every plan through the same executor, in two
+            # rounds (forward, then reverse order) so that drift does not favour one plan; the
+            # lower of a plan's two medians counts. A plan equal to another is measured once.
+            results = _measure_plans_e2e(runner, graph, plans, ref, say)
+            valid = {k: v for k, v in results.items() if v.get("valid")}
+            if not valid:
+                errors = "; ".join(f"{k}: {v.get('error_text')}" for k, v in results.items())
+                raise CollageError(f"no plan ran correctly end to end ({errors})")
+            best_label = min(valid, key=lambda k: valid[k]["median"])
+            best = plans[best_label]
+            best.measured_ms = valid[best_label]["median"] * 1e3
+            single_e2e = {
+                b.name: (results[f"all-{b.name}"]["median"] * 1e3
+                         if results.get(f"all-{b.name}", {}).get("valid") else None)
+                for b in backends
+            }
+            placed = best.compile(graph, threads=runner.threads)
+            check = _check(placed, graph, ref, tolerance)
+            report = {
+                "model": graph.name,
+                "mode": mode,
+                "hardware": runner.hardware,
+                "threads": runner.threads,
+                "backends": [b.name for b in backends],
+                "chosen": best_label,
+                "plan_latency_ms": best.measured_ms,
+                "op_level_plan_ms": results["op-level"].get("median", float("nan")) * 1e3
+                if results["op-level"].get("valid") else None,
+                "op_level_predicted_ms": dp.cost * 1e3,
+                "baselines_ms": baseline_ms,
+                "baselines_e2e_ms": single_e2e,
+                "plans_e2e_ms": {k: (v["median"] * 1e3 if v.get("valid") else None) for k, v in results.items()},
+                "plan_errors": {k: v.get("error_text") for k, v in results.items() if not v.get("valid")},
+                "speedup_vs_best_single": _speedup(best.measured_ms, single_e2e),
+                "measurements": runner.measured,
+                "cache_hits": runner.cache_hits,
+                "candidates": len(cands),
+                "distinct_candidates": len({c.key for c in cands}),
+                "dp_states": dp.states,
+                "dp_limit_hit": dp.limit_hit,
+                "dp_seconds": dp_seconds,
+                "search_seconds": time.perf_counter() - t_start,
+                "max_abs_error": check.max_abs,
+                "outputs_match": check.ok,
+                "mismatch": check.detail,
+                "partitions": [
+                    {"backend": p.backend, "nodes": len(p.nodes), "predicted_ms": p.predicted_ms,
+                     "measured_ms": p.measured_ms}
+                    for p in placed.plan.partitions
+                ],
+            }
+            placed.report = report
+            return PlaceResult(placed, report, results)
+    finally:
+        if owned:
+            database.close()
+
+
+def _measure_plans_e2e(runner, graph, plans: Mapping[str, Plan], ref, say) -> dict[str, dict]:
+    distinct: dict[tuple, list[str]] = {}
+    for label, plan in plans.items():
+        distinct.setdefault(plan.canonical(), []).append(label)
+    order = list(distinct)
+    best: dict[tuple, dict] = {}
+    for rnd, seq in enumerate((order, order[::-1])):
+        for canon in seq:
+            label = distinct[canon][0]
+            if rnd == 0:
+                say(f"measuring plan {label} end to end ({len(plans[label].partitions)} partitions)")
+            elif not best[canon].get("valid"):
+                continue
+            r = measure_plan(runner, graph, plans[label], ref)
+            if canon not in best or (r.get("valid") and r["median"] < best[canon].get("median", float("inf"))):
+                best[canon] = r
+    return {label: best[canon] for canon, labels in distinct.items() for label in labels}
+
+
+def _speedup(plan_ms: float, baselines: Mapping[str, float | None]) -> float | None:
+    vals = [v for v in baselines.values() if v]
+    return min(vals) / plan_ms if vals and plan_ms else None
+
+
+def _check(placed: PlacedModel, graph: Graph, ref, tolerance: Tolerance):
+    from collage_ml.backends.base import to_numpy
+    from collage_ml.measure.timing import compare
+
+    out = placed.run({n: ref[n] for n in graph.input_names})
+    names = list(graph.output_names)
+    return compare([to_numpy(out[n]) for n in names], {n: ref[n] for n in names}, names, tolerance)

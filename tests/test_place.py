@@ -1,0 +1,90 @@
+"""Exhaustive placement end to end: real backends, real measurements, a real database."""
+
+import json
+
+import pytest
+
+import collage_ml
+from collage_ml.cli import main
+from collage_ml.db import Database
+from collage_ml.ir import zoo
+from collage_ml.measure.timing import TimingConfig
+
+FAST = TimingConfig(warmup=1, warmup_seconds=0.0, min_repeats=3, max_repeats=15, time_cap=0.1)
+TINY = [n for n in zoo.names() if n.endswith("-tiny")]
+REPORT_KEYS = {"model", "mode", "hardware", "plan_latency_ms", "baselines_ms", "measurements", "cache_hits",
+               "candidates", "search_seconds", "max_abs_error", "partitions"}
+
+
+@pytest.mark.parametrize("model", TINY)
+def test_place_every_tiny_model_matches_reference(model, tmp_path):
+    pm = collage_ml.place(model, backends="onnxruntime,openvino,torch", db=tmp_path / "m.db",
+                          max_region_size=2, timing=FAST)
+    rep = pm.report
+    assert REPORT_KEYS <= set(rep)
+    assert rep["outputs_match"], rep["mismatch"]
+    assert rep["max_abs_error"] < 1e-3
+    assert rep["measurements"] > 0 and rep["cache_hits"] >= 0
+    # the chosen plan is the fastest of the plans measured end to end in this run
+    e2e = {k: v for k, v in rep["plans_e2e_ms"].items() if v is not None}
+    assert rep["plan_latency_ms"] == pytest.approx(min(e2e.values()))
+    for p in rep["partitions"]:
+        assert p["backend"] in ("onnxruntime", "openvino", "torch") and p["nodes"] > 0
+    assert sum(p["nodes"] for p in rep["partitions"]) == len(pm.graph)
+
+
+def test_second_place_hits_the_cache(tmp_path):
+    db = tmp_path / "m.db"
+    first = collage_ml.place("dcgan-tiny", backends="onnxruntime,torch", db=db, max_region_size=2, timing=FAST)
+    again = collage_ml.place("dcgan-tiny", backends="onnxruntime,torch", db=db, max_region_size=2, timing=FAST)
+    assert first.report["measurements"] > 0
+    assert again.report["measurements"] == 0
+    assert again.report["cache_hits"] >= first.report["measurements"] - 1
+    with Database(db) as d:
+        st = d.stats()
+    assert st["families"].get("dcgan", 0) > 0
+
+
+def test_place_cli_report_and_saved_model(tmp_path, capsys):
+    rep_path = tmp_path / "r.json"
+    rc = main(["place", "resnet50-tiny", "--backends", "onnxruntime,torch", "--db", str(tmp_path / "m.db"),
+               "--max-region-size", "2", "--report", str(rep_path), "--out", str(tmp_path / "pm"), "--no-progress"])
+    assert rc == 0
+    rep = json.loads(rep_path.read_text())
+    assert REPORT_KEYS <= set(rep) and set(rep["baselines_ms"]) == {"onnxruntime", "torch"}
+    out = capsys.readouterr().out
+    assert "all on onnxruntime" in out and "placed" in out
+    pm = collage_ml.load(tmp_path / "pm")
+    ref = pm.graph.reference()
+    y = pm(ref[pm.graph.input_names[0]])
+    import numpy as np
+
+    np.testing.assert_allclose(y, ref[pm.graph.output_names[0]], rtol=1e-3, atol=1e-4)
+
+
+def test_place_cli_exit_1_when_outputs_differ(tmp_path, monkeypatch, capsys):
+    from collage_ml import api
+
+    real = api.place
+
+    def wrong(*a, **k):
+        pm = real(*a, **k)
+        pm.report["outputs_match"] = False
+        pm.report["mismatch"] = "output 'y' differs from the reference: max abs error 1"
+        return pm
+
+    monkeypatch.setattr(api, "place", wrong)
+    rc = main(["place", "dcgan-tiny", "--backends", "onnxruntime", "--db", str(tmp_path / "m.db"), "--no-progress"])
+    assert rc == 1
+    assert "do not match the reference" in capsys.readouterr().err
+
+
+def test_place_errors(tmp_path, capsys):
+    assert main(["place", "nope-model", "--db", str(tmp_path / "m.db")]) == 1
+    assert "unknown" in capsys.readouterr().err.lower()
+    assert main(["place", "dcgan-tiny", "--backends", "onnxruntim", "--db", str(tmp_path / "m.db")]) == 1
+    assert "did you mean onnxruntime" in capsys.readouterr().err
+    bad = tmp_path / "bad.db"
+    bad.write_bytes(b"garbage" * 100)
+    assert main(["place", "dcgan-tiny", "--backends", "onnxruntime", "--db", str(bad)]) == 1
+    assert "bad.db" in capsys.readouterr().err

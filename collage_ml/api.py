@@ -70,6 +70,13 @@ def place(
     return res.placed
 
 
+def collect(*args: Any, **kwargs: Any):
+    """Measures candidates into a database; see :func:`collage_ml.collector.collect`. Returns a CollectSummary."""
+    from collage_ml.collector import collect as _collect
+
+    return _collect(*args, **kwargs)
+
+
 def load(path: str | Path, threads: int | None = None):
     """Loads a placed model saved with ``PlacedModel.save(dir)``; its backends are recompiled."""
     from collage_ml.plan import load as _load
@@ -108,6 +115,6 @@ def db_merge(into: str | Path, other: str | Path) -> int:
 
 
 __all__ = [
-    "place", "load", "import_model", "inspect_model", "export_zoo", "backends_info", "open_db", "db_stats", "db_export_parquet",
+    "place", "load", "collect", "import_model", "inspect_model", "export_zoo", "backends_info", "open_db", "db_stats", "db_export_parquet",
     "db_merge",
 ]

@@ -69,6 +69,9 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--threads", type=_positive_int, default=None, help="intra-op threads for every backend")
     pl.add_argument("--batch", type=_positive_int, default=1, help="batch size (zoo models)")
     pl.add_argument("--input-shape", type=_shape_arg, action="append", default=[], metavar="NAME=D1,D2,...")
+    pl.add_argument("--no-graph-level", action="store_true",
+                    help="skip the graph-level evolutionary search (op-level DP and single backends only)")
+    pl.add_argument("--generations", type=_positive_int, default=6, help="graph-level search generations")
     pl.add_argument("--no-progress", action="store_true", help="no progress bar")
 
     b = sub.add_parser("backends", help="list the backends with availability, version and device")
@@ -86,6 +89,9 @@ def build_parser() -> argparse.ArgumentParser:
     dm = dsub.add_parser("merge", help="merge database B into A (idempotent; A is created if missing)")
     dm.add_argument("into", metavar="A")
     dm.add_argument("other", metavar="B")
+    from collage_ml.collector import add_parser as add_collect_parser
+
+    add_collect_parser(sub)
     return p
 
 
@@ -141,12 +147,14 @@ def _cmd_place(args) -> int:
     from rich.console import Console
 
     from collage_ml import api
+    from collage_ml.search.evolutionary import EvoConfig
 
     console = Console(stderr=True)
     pm = api.place(
         args.model, backends=args.backends, mode=args.mode, db=args.db, batch=args.batch,
         input_shapes=dict(args.input_shape) or None, max_region_size=args.max_region_size, threads=args.threads,
         progress=not args.no_progress, log=lambda s: console.print(f"[dim]{s}[/]"),
+        graph_level=not args.no_graph_level, evo_config=EvoConfig(generations=args.generations),
     )
     rep = pm.report
     rows = []
@@ -156,6 +164,8 @@ def _cmd_place(args) -> int:
     rows.append((f"placed ({rep['chosen']}, {len(rep['partitions'])} partitions)", "", _ms(rep["plan_latency_ms"]), "1.00x"))
     _table(f"{rep['model']} on {rep['hardware']} ({rep['threads']} threads)",
            ["plan", "native ms", "end-to-end ms", "speed-up of placed"], rows)
+    print(f"op-level plan {_ms(rep['op_level_ms'])} ms, graph-level {_ms(rep['graph_level_ms'])} ms "
+          f"({rep['generations']} generations, {rep['e2e_measurements']} end-to-end measurements)")
     print(f"measurements: {rep['measurements']} new, {rep['cache_hits']} cache hits, {rep['candidates']} candidates; "
           f"search {rep['search_seconds']:.1f} s; max abs error {rep['max_abs_error']:.3g}")
     if args.report:
@@ -226,7 +236,13 @@ def _cmd_inspect(args) -> int:
     return 0
 
 
-COMMANDS = {"place": _cmd_place, "zoo": _cmd_zoo, "inspect": _cmd_inspect, "backends": _cmd_backends, "db": _cmd_db}
+def _cmd_collect(args) -> int:
+    from collage_ml.collector import run
+
+    return run(args)
+
+
+COMMANDS = {"collect": _cmd_collect, "place": _cmd_place, "zoo": _cmd_zoo, "inspect": _cmd_inspect, "backends": _cmd_backends, "db": _cmd_db}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from collage_ml import collect as collect_mod
-from collage_ml.collect import (
+from collage_ml import collector as collect_mod
+from collage_ml.collector import (
     FOCUS_NEEDS_MODEL, add_parser, collect, default_db_path, focus_weights, in_shard, parse_shard, plan, run,
     shard_of, subsample_keep,
 )
@@ -92,6 +92,11 @@ def test_default_db_path_is_per_user_cache(monkeypatch, tmp_path):
     assert s.db == str(tmp_path / "measurements.db") and s.stopped == "dry-run" and s.planned > 0
     assert not (tmp_path / "measurements.db").exists()  # a dry run creates nothing
 
+    import collage_ml
+
+    # the package-level API function
+    assert collage_ml.collect(**KW, dry_run=True).planned == s.planned
+
 
 # ----------------------------------------------------------------------------- shards
 
@@ -130,7 +135,7 @@ def test_shards_partition_the_work_and_merge_to_the_unsharded_db(full, tmp_path)
 _CHILD = textwrap.dedent(
     """
     import sys
-    from collage_ml.collect import collect
+    from collage_ml.collector import collect
     from collage_ml.measure.timing import TimingConfig
     # slow on purpose (every candidate is timed for 0.25 s) so the kill lands mid-run
     slow = TimingConfig(warmup=1, warmup_seconds=0.0, min_repeats=3, max_repeats=10**6, max_spread=0.0, time_cap=0.25)
@@ -195,6 +200,19 @@ def test_kill_9_loses_nothing_committed_and_resume_remeasures_nothing(tmp_path):
     final = db_rows(path)
     assert set(final) == plan(**PLAN_KW).keys()
     assert all(final[k] == ts for k, ts in after.items())
+
+
+def test_onnx_paths_record_their_file_stem_as_family(tmp_path):
+    import onnx
+
+    path = tmp_path / "mynet.onnx"
+    onnx.save(import_model(MODEL).model, str(path))
+    p = plan(**{**PLAN_KW, "models": [str(path)]})
+    assert [w.family for w in p.works] == ["mynet"] and p.keys() == plan(**PLAN_KW).keys()
+    s = collect(**{**KW, "models": str(path)}, db=tmp_path / "f.db", max_candidates=2)
+    assert s.measured == 2 and s.by_family == {"mynet": {"measured": 2, "valid": s.valid, "invalid": s.invalid}}
+    with Database(tmp_path / "f.db") as db:
+        assert db.stats()["families"] == {"mynet": 2}
 
 
 # ----------------------------------------------------------------------------- the random sampler
@@ -271,6 +289,13 @@ def test_max_candidates_and_budget_are_respected(tmp_path, monkeypatch):
 
     s = collect(**KW, db=path, max_candidates=0)
     assert s.measured == 0 and s.stopped == "max_candidates"
+
+
+def test_sources_too_large_for_memory_are_skipped_with_a_reason(tmp_path):
+    p = plan(**PLAN_KW, max_reference_bytes=1)
+    assert p.planned == 0 and len(p.skipped) == 1 and "dcgan-tiny" in p.skipped[0]
+    s = collect(**KW, db=tmp_path / "s.db", max_reference_bytes=1)
+    assert s.measured == 0 and s.stopped == "complete" and s.skipped == p.skipped
 
 
 def test_inductor_is_subsampled_deterministically():
@@ -382,7 +407,8 @@ def test_ray_shards_merge_into_one_db(tmp_path):
     pytest.importorskip("ray")
     path = tmp_path / "ray.db"
     s = collect(**KW, db=path, ray_address="local", ray_shards=2)
-    assert s.measured == plan(**PLAN_KW).planned and s.stopped == "complete"
+    # node-local shard DBs outlive a run, so an earlier session's shards may be cache hits here
+    assert s.measured + s.cache_hits == plan(**PLAN_KW).planned and s.stopped == "complete"
     assert db_keys(path) == plan(**PLAN_KW).keys()
     again = collect(**KW, db=path, ray_address="local", ray_shards=2)
     assert again.measured == 0 and again.cache_hits == s.measured

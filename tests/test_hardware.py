@@ -12,6 +12,7 @@ from collage_ml.measure import hardware
 
 FIELDS = {
     "cpu_model",
+    "cpu_id",
     "physical_cores",
     "logical_cores",
     "cpus_available",
@@ -67,6 +68,8 @@ def test_fingerprint_covers_exactly_the_documented_fields():
     fp = hardware.fingerprint_of(base)
     changed = {
         "cpu_model": "Some Other CPU",
+        "cpu_id": "AuthenticAMD-25-1-1",
+        "isa": {**(base["isa"] or {}), "avx512f": not (base["isa"] or {}).get("avx512f")},
         "physical_cores": base["physical_cores"] + 1,
         "threads": 3,
         "memory_gib": base["memory_gib"] + 1,
@@ -78,7 +81,7 @@ def test_fingerprint_covers_exactly_the_documented_fields():
     g1 = {**base, "gpus": [{"name": "NVIDIA H200", "driver": "550.1"}]}
     g2 = {**base, "gpus": [{"name": "NVIDIA H200", "driver": "560.2"}]}
     assert hardware.fingerprint_of(g1) != hardware.fingerprint_of(g2)
-    for k, v in {"os_release": "other", "logical_cores": 999, "cpus_available": 1, "isa": {}, "arch": "z"}.items():
+    for k, v in {"os_release": "other", "logical_cores": 999, "cpus_available": 1, "arch": "z"}.items():
         assert hardware.fingerprint_of({**base, k: v}) == fp, k
     with pytest.raises(ValueError):
         hardware.fingerprint_of({"cpu_model": "x"})

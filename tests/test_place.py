@@ -9,6 +9,7 @@ from collage_ml.cli import main
 from collage_ml.db import Database
 from collage_ml.ir import zoo
 from collage_ml.measure.timing import TimingConfig
+from collage_ml.search.evolutionary import EvoConfig
 
 FAST = TimingConfig(warmup=1, warmup_seconds=0.0, min_repeats=3, max_repeats=15, time_cap=0.1)
 TINY = [n for n in zoo.names() if n.endswith("-tiny")]
@@ -19,7 +20,8 @@ REPORT_KEYS = {"model", "mode", "hardware", "plan_latency_ms", "baselines_ms", "
 @pytest.mark.parametrize("model", TINY)
 def test_place_every_tiny_model_matches_reference(model, tmp_path):
     pm = collage_ml.place(model, backends="onnxruntime,openvino,torch", db=tmp_path / "m.db",
-                          max_region_size=2, timing=FAST)
+                          max_region_size=2, timing=FAST,
+                          evo_config=EvoConfig(generations=1, measure_per_generation=2, random_seeds=1))
     rep = pm.report
     assert REPORT_KEYS <= set(rep)
     assert rep["outputs_match"], rep["mismatch"]

@@ -15,7 +15,7 @@ Results are stored like any other measurement: the subgraph hash is
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Iterable, Sequence
 
 import numpy as np
@@ -25,6 +25,8 @@ from collage_ml.measure.timing import TimingConfig
 
 #: tensor sizes the table is measured at (float32 elements): 1 KiB, 64 KiB, 1 MiB, 4 MiB
 SIZES = (256, 16384, 262144, 1048576)
+#: seconds per timing phase (each side alone, then the chain): the table has 4 sizes per backend pair
+BOUNDARY_TIME_CAP = 0.5
 
 
 def _chain_graph(numel: int):
@@ -90,7 +92,8 @@ def measure_boundaries(runner, backends: Sequence, sizes: Iterable[int] = SIZES)
                 if cached is not None:
                     out.append(cached)
                     continue
-                r = runner.worker.run(BoundaryTask(a.spec(), b.spec(), numel, runner.threads, runner.timing), runner.timeout)
+                timing = replace(runner.timing, time_cap=min(runner.timing.time_cap, BOUNDARY_TIME_CAP))
+                r = runner.worker.run(BoundaryTask(a.spec(), b.spec(), numel, runner.threads, timing), runner.timeout)
                 m = Measurement(
                     key=key, hardware=runner.hardware, valid=bool(r.get("valid")), samples=r.get("samples", []),
                     median=r.get("median"), spread=r.get("spread"), threads=runner.threads,

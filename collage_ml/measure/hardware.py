@@ -9,6 +9,11 @@ The fingerprint covers exactly :data:`FINGERPRINT_FIELDS`:
 
 - ``cpu_model``: the CPU model string (``/proc/cpuinfo`` "model name", or the
   platform's processor name);
+- ``cpu_id``: vendor, family, model and stepping from ``/proc/cpuinfo``; VMs
+  often report only a generic model name ("AMD EPYC"), and this tells a
+  Zen 3 from a Zen 4 behind it;
+- ``isa``: the ISA flags of interest (AVX2, AVX-512, AMX, ...), which the
+  hypervisor may mask even on the same CPU;
 - ``physical_cores``: physical cores of the machine (psutil);
 - ``threads``: the thread count every backend was fixed to;
 - ``memory_gib``: total memory, rounded to whole GiB;
@@ -17,7 +22,7 @@ The fingerprint covers exactly :data:`FINGERPRINT_FIELDS`:
 
 It leaves out what does not change latencies or changes without the hardware
 changing: the host name, OS release, Python version, logical core count, CPU
-affinity and ISA flags (the flags follow from the CPU model). Software versions
+affinity. Software versions
 are not part of it either: they are keyed separately (backend version, and the
 ``versions`` of each measurement).
 """
@@ -34,7 +39,7 @@ import shutil
 import subprocess
 from typing import Any
 
-FINGERPRINT_FIELDS = ("cpu_model", "physical_cores", "threads", "memory_gib", "gpus")
+FINGERPRINT_FIELDS = ("cpu_model", "cpu_id", "isa", "physical_cores", "threads", "memory_gib", "gpus")
 
 # ISA flags of interest, as /proc/cpuinfo names them; "amx" is true when any amx_* flag is present.
 _ISA_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx", "asimd", "sve")
@@ -131,6 +136,9 @@ def _static_info() -> dict[str, Any]:
     gpus = _gpus()
     return {
         "cpu_model": _cpu_model(cpuinfo),
+        "cpu_id": "-".join(
+            str(_cpuinfo_field(cpuinfo, k) or "?") for k in ("vendor_id", "cpu family", "model", "stepping")
+        ),
         "physical_cores": int(physical or logical),
         "logical_cores": int(logical),
         "cpus_available": int(available),
@@ -189,6 +197,8 @@ def fingerprint_of(info: dict[str, Any]) -> str:
     gpus = [{"name": str(g.get("name", "")), "driver": str(g.get("driver", ""))} for g in info["gpus"] or []]
     payload = {
         "cpu_model": str(info["cpu_model"]),
+        "cpu_id": str(info["cpu_id"]),
+        "isa": {k: info["isa"][k] for k in sorted(info["isa"] or {})},
         "physical_cores": int(info["physical_cores"]),
         "threads": int(info["threads"]),
         "memory_gib": int(info["memory_gib"]),

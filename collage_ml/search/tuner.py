@@ -19,6 +19,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from collage_ml.backends.base import Backend, resolve_backends
 from collage_ml.candidates import Candidate, enumerate_candidates
+from collage_ml.cost import CandidateKey
 from collage_ml.errors import CollageError
 from collage_ml.ir.graph import Graph
 from collage_ml.measure.boundary import BoundaryTable, measure_boundaries
@@ -27,6 +28,7 @@ from collage_ml.measure.runner import Runner
 from collage_ml.measure.timing import Tolerance, TimingConfig
 from collage_ml.plan import Plan, PlacedModel
 from collage_ml.search.dp import solve
+from collage_ml.search.evolutionary import EvoConfig, GraphLevelSearch
 
 MODES = ("exhaustive",)
 
@@ -97,6 +99,8 @@ def place(
     progress: bool = True,
     family: str = "",
     log: Callable[[str], None] | None = None,
+    graph_level: bool = True,
+    evo_config: EvoConfig | None = None,
 ) -> PlaceResult:
     """Places ``graph`` on ``backends`` (default: the CPU default set). See the module docstring."""
     if mode not in MODES:
@@ -158,6 +162,15 @@ def place(
             # rounds (forward, then reverse order) so that drift does not favour one plan; the
             # lower of a plan's two medians counts. A plan equal to another is measured once.
             results = _measure_plans_e2e(runner, graph, plans, ref, say)
+            evo = None
+            region_names = [b.name for b in backends if any(pt.kind == "region" for pt in b.patterns)]
+            if graph_level and region_names and results["op-level"].get("valid"):
+                evo = _graph_level(runner, graph, dp_plan, backends, region_names, plans, results, ref,
+                                   cost_of, table, evo_config, say)
+                if evo.best is not None:
+                    plans["graph-level"] = evo.best.plan
+                    results["graph-level"] = {"valid": True, "median": evo.best.seconds}
+            e2e_count = 2 * len({p.canonical() for p in plans.values()})
             valid = {k: v for k, v in results.items() if v.get("valid")}
             if not valid:
                 errors = "; ".join(f"{k}: {v.get('error_text')}" for k, v in results.items())
@@ -183,6 +196,10 @@ def place(
                 "op_level_plan_ms": results["op-level"].get("median", float("nan")) * 1e3
                 if results["op-level"].get("valid") else None,
                 "op_level_predicted_ms": dp.cost * 1e3,
+                "op_level_ms": results["op-level"]["median"] * 1e3 if results["op-level"].get("valid") else None,
+                "graph_level_ms": evo.best.seconds * 1e3 if evo is not None and evo.best is not None else None,
+                "generations": evo.generations if evo is not None else 0,
+                "e2e_measurements": (evo.e2e_measurements if evo is not None else 0) + e2e_count,
                 "baselines_ms": baseline_ms,
                 "baselines_e2e_ms": single_e2e,
                 "plans_e2e_ms": {k: (v["median"] * 1e3 if v.get("valid") else None) for k, v in results.items()},
@@ -229,6 +246,49 @@ def _measure_plans_e2e(runner, graph, plans: Mapping[str, Plan], ref, say) -> di
             if canon not in best or (r.get("valid") and r["median"] < best[canon].get("median", float("inf"))):
                 best[canon] = r
     return {label: best[canon] for canon, labels in distinct.items() for label in labels}
+
+
+def _graph_level(runner, graph, dp_plan, backends, region_names, plans, results, ref, cost_of, table,
+                 config, say):
+    """Runs the evolutionary search seeded with the already measured plans."""
+    by_name = {b.name: b for b in backends}
+    known = {plans[k].canonical(): ((v["median"] if v.get("valid") else None), v.get("error_text", ""))
+             for k, v in results.items()}
+
+    def fitness(plan: Plan):
+        r = measure_plan(runner, graph, plan, ref)
+        return (r["median"] if r.get("valid") else None), r.get("error_text", "")
+
+    def estimate(plan: Plan) -> float:
+        total = 0.0
+        owner = {}
+        for k, p in enumerate(plan.partitions):
+            for n in p.nodes:
+                owner[n] = k
+        for k, p in enumerate(plan.partitions):
+            b = by_name[p.backend]
+            sg = graph.subgraph(p.mask)
+            key = CandidateKey(sg.hash, b.name, b.version)
+            cost = cost_of.get(key)
+            if cost is None:
+                m = runner.lookup(key)
+                cost = m.median if m is not None and m.valid else None
+            if cost is None:
+                # not measured as one piece: the sum of its op-level groups' costs, on any backend
+                cost = sum((g.measured_ms or 0.0) / 1e3 for g in dp_plan.partitions if not g.mask & ~p.mask)
+            total += cost
+            for t in sg.inputs:
+                if t in graph.producer and owner[graph.producer[t]] != k:
+                    src = plan.partitions[owner[graph.producer[t]]].backend
+                    total += table.cost(src, p.backend, graph.tensors[t].nbytes) or 0.0
+        return total
+
+    cfg = config or EvoConfig()
+    say(f"graph-level search: {len(dp_plan.partitions)} groups, {len(region_names)} region backends, "
+        f"up to {cfg.generations} generations")
+    search = GraphLevelSearch(graph, dp_plan, region_names, fitness, estimate, cfg, known=known,
+                              specs={n: by_name[n].spec() for n in region_names})
+    return search.run()
 
 
 def _speedup(plan_ms: float, baselines: Mapping[str, float | None]) -> float | None:

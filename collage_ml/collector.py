@@ -590,10 +590,13 @@ def summary_table(s: CollectSummary):
 
     title = f"collage-ml collect ({s.sampler}{', shard ' + s.shard if s.shard else ''}): {s.stopped}"
     t = Table(title=title)
-    cols = (("backend", None), ("in shard", "candidates"), ("subsampled", "subsampled"), ("cached", "cache_hits"),
+    cols = (("backend", None), ("cands", "candidates"), ("subsmp", "subsampled"), ("cached", "cache_hits"),
             ("to do", "planned"), ("measured", "measured"), ("valid", "valid"), ("invalid", "invalid"))
     for head, _ in cols:
-        t.add_column(head, justify="left" if head == "backend" else "right")
+        if head == "backend":
+            t.add_column(head, no_wrap=True, min_width=max([7, *map(len, s.by_backend)]))
+        else:
+            t.add_column(head, justify="right")
     keys = [k for _, k in cols[1:]]
     for b, c in s.by_backend.items():
         t.add_row(b, *(str(c.get(k, 0)) for k in keys))
@@ -641,6 +644,8 @@ class _Progress:
 
             class RateColumn(ProgressColumn):
                 def render(self, task):
+                    if task.fields.get("kind") != "measure":
+                        return Text("")
                     if not task.elapsed or not task.completed:
                         return Text("-- /min", style="progress.data.speed")
                     return Text(f"{task.completed / task.elapsed * 60:.1f}/min", style="progress.data.speed")
@@ -662,15 +667,17 @@ class _Progress:
         if self._p is None:
             return
         if self._plan_task is None:
-            self._plan_task = self._p.add_task("planning", total=None, invalid="")
+            self._plan_task = self._p.add_task("planning", total=None, invalid="", kind="plan")
         self._p.update(self._plan_task, description=f"planning {label}", advance=1)
+
+    def planned(self) -> None:
+        if self._p is not None and self._plan_task is not None:
+            self._p.update(self._plan_task, total=1, completed=1, visible=False)
 
     def start(self, total: int) -> None:
         if self._p is None:
             return
-        if self._plan_task is not None:
-            self._p.update(self._plan_task, description="planned", total=1, completed=1, visible=False)
-        self._task = self._p.add_task("measuring", total=total, invalid="")
+        self._task = self._p.add_task("measuring", total=total, invalid="", kind="measure")
 
     def phase(self, text: str) -> None:
         if self._p is not None and self._task is not None:
@@ -794,6 +801,7 @@ def collect(
                 samples_per_graph=samples_per_graph, known=known, cost_model=cost_model,
                 max_candidates=max_candidates, max_reference_bytes=max_reference_bytes, on_source=prog.planning,
             )
+            prog.planned()
             summary = CollectSummary(
                 db=str(db_path), hardware=hw, sampler=sampler, models=p.models,
                 backends=[b.name for b in p.backends], batch_sizes=p.batch_sizes,
@@ -914,20 +922,23 @@ def _import_ray():
 
 
 def _ray_shard_task(i: int, n: int, kwargs: dict, known: dict) -> tuple[bytes, dict]:
-    """One Ray task: collect shard ``i/n`` into a fresh DB file on this node; return its bytes and summary."""
+    """One Ray task: collect shard ``i/n`` into this node's own DB file; return the file's bytes and the summary.
+
+    The file (``<cache_dir()>/ray-shards/shard-<i>-of-<n>.db`` on the node) outlives the task, so a
+    run whose driver died is resumed from it the next time; the driver's merge is idempotent.
+    """
     import sqlite3
 
-    with tempfile.TemporaryDirectory(prefix="collage-ml-ray-") as tmp:
-        path = Path(tmp) / f"shard-{i}-of-{n}.db"
-        s = collect(**kwargs, shard=(i, n), db=path, progress=False, _skip=known)
-        if not path.exists():  # nothing measured (dry run)
-            return b"", s.to_dict()
-        conn = sqlite3.connect(path)
-        try:
-            conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")  # everything into the main file
-        finally:
-            conn.close()
-        return path.read_bytes(), s.to_dict()
+    path = default_db_path().parent / "ray-shards" / f"shard-{i}-of-{n}.db"
+    s = collect(**kwargs, shard=(i, n), db=path, progress=False, _skip=known)
+    if not path.exists():  # nothing measured (dry run)
+        return b"", s.to_dict()
+    conn = sqlite3.connect(path)
+    try:
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")  # everything into the main file
+    finally:
+        conn.close()
+    return path.read_bytes(), s.to_dict()
 
 
 def _summary_from_dict(d: Mapping[str, Any]) -> CollectSummary:

@@ -7,8 +7,10 @@ MODEL ?= resnet50
 setup:
 	@bash scripts/setup.sh
 
+# the main job: place $(MODEL) on the default CPU backends, every candidate measured
+# (cached in ~/.cache/collage-ml/measurements.db, so a second run is quick)
 demo: setup
-	$(PY) -m collage_ml.cli inspect $(MODEL)
+	$(PY) -m collage_ml.cli place $(MODEL) --max-region-size 2 --report .cache/demo/report.json --out .cache/demo/placed
 
 test: setup
 	$(PY) -m pytest -q -p no:cacheprovider

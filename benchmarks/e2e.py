@@ -24,6 +24,7 @@ from rich.table import Table
 
 import collage_ml
 from collage_ml.ir import zoo
+from collage_ml.search.evolutionary import EvoConfig
 
 
 def main() -> None:
@@ -33,6 +34,8 @@ def main() -> None:
     ap.add_argument("--max-region-size", type=int, default=3)
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--generations", type=int, default=4, help="graph-level search generations")
+    ap.add_argument("--no-graph-level", action="store_true")
     ap.add_argument("--db", default=".cache/e2e.db")
     ap.add_argument("--out", default="benchmarks/results/e2e.json")
     args = ap.parse_args()
@@ -46,15 +49,16 @@ def main() -> None:
         console.print(f"[bold]{key}[/]")
         pm = collage_ml.place(m, backends=args.backends, db=args.db, batch=args.batch,
                               max_region_size=args.max_region_size, threads=args.threads, progress=True,
-                              log=lambda s: console.print(f"[dim]{s}[/]"))
+                              log=lambda s: console.print(f"[dim]{s}[/]"), graph_level=not args.no_graph_level,
+                              evo_config=EvoConfig(generations=args.generations))
         results[key] = pm.report
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(results, indent=1, default=str))
     backends = args.backends.split(",")
     t = Table(title=f"exhaustive placement, batch {args.batch}, {platform.processor() or platform.machine()}, "
                     f"max region {args.max_region_size}")
-    for c in ["model"] + [f"{b} ms" for b in backends] + ["op-level ms", "placed ms", "chosen", "speed-up",
-                                                           "measured", "search s"]:
+    for c in ["model"] + [f"{b} ms" for b in backends] + ["op-level ms", "two-level ms", "placed ms", "chosen",
+                                                           "speed-up", "measured", "e2e runs", "search s"]:
         t.add_column(c)
     speedups = []
     for m in models:
@@ -63,9 +67,9 @@ def main() -> None:
             continue
         e2e = r["baselines_e2e_ms"]
         row = [m] + [_fmt(e2e.get(b)) for b in backends]
-        row += [_fmt(r.get("op_level_plan_ms")), _fmt(r["plan_latency_ms"]), r["chosen"],
+        row += [_fmt(r.get("op_level_ms")), _fmt(r.get("graph_level_ms")), _fmt(r["plan_latency_ms"]), r["chosen"],
                 f"{r['speedup_vs_best_single']:.3f}x" if r.get("speedup_vs_best_single") else "-",
-                str(r["measurements"]), f"{r['search_seconds']:.0f}"]
+                str(r["measurements"]), str(r.get("e2e_measurements", "-")), f"{r['search_seconds']:.0f}"]
         if r.get("speedup_vs_best_single"):
             speedups.append(r["speedup_vs_best_single"])
         t.add_row(*row)

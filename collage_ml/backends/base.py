@@ -146,16 +146,15 @@ def package_version(dist: str) -> str:
 
 
 def to_numpy(x: Any) -> np.ndarray:
-    """Any tensor a backend returns (numpy, torch, TVM, OrtValue) as a numpy array."""
+    """Any tensor a backend takes or returns (numpy, torch, TVM, ...) as a numpy array; no copy on the CPU."""
     if isinstance(x, np.ndarray):
         return x
-    if hasattr(x, "numpy") and callable(x.numpy):
-        try:
-            return np.asarray(x.numpy())
-        except Exception:
-            pass
+    if hasattr(x, "detach"):  # torch (a CUDA tensor is copied to the host)
+        return x.detach().cpu().numpy()
     if hasattr(x, "__dlpack__"):
         return np.from_dlpack(x)
+    if hasattr(x, "numpy") and callable(x.numpy):
+        return np.asarray(x.numpy())
     return np.asarray(x)
 
 

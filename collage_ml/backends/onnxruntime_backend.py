@@ -13,20 +13,12 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from collage_ml.backends.base import Backend, Executable, register_backend
+from collage_ml.backends.base import Backend, Executable, register_backend, to_numpy
 from collage_ml.backends.patterns import RegionPattern
 from collage_ml.errors import BackendError
 from collage_ml.ir.graph import Graph, Node, SubGraph
 
 ORT_DOMAINS = ("", "ai.onnx", "com.microsoft")
-
-
-def _as_numpy(x: Any) -> np.ndarray:
-    if isinstance(x, np.ndarray):
-        return x
-    if hasattr(x, "detach"):  # torch: zero-copy for contiguous CPU tensors
-        return x.detach().contiguous().numpy()
-    return np.from_dlpack(x)
 
 
 class OrtExecutable(Executable):
@@ -38,7 +30,7 @@ class OrtExecutable(Executable):
         self._sess_outputs = [o.name for o in session.get_outputs()]
 
     def __call__(self, *inputs: Any) -> list[Any]:
-        feeds = {n: _as_numpy(x) for n, x in zip(self._sess_inputs, inputs)}
+        feeds = {n: to_numpy(x) for n, x in zip(self._sess_inputs, inputs)}
         return self.session.run(self._sess_outputs, feeds)
 
     def close(self) -> None:

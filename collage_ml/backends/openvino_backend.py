@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from collage_ml.backends.base import Backend, Executable, register_backend
+from collage_ml.backends.base import Backend, Executable, register_backend, to_numpy
 from collage_ml.backends.patterns import RegionPattern
 from collage_ml.errors import BackendError
 from collage_ml.ir.graph import Graph, Node, SubGraph
@@ -30,14 +30,6 @@ SUPPORTED_OPS = frozenset(
 )
 
 
-def _as_numpy(x: Any) -> np.ndarray:
-    if isinstance(x, np.ndarray):
-        return x
-    if hasattr(x, "detach"):
-        return x.detach().contiguous().numpy()
-    return np.from_dlpack(x)
-
-
 class OpenVinoExecutable(Executable):
     def __init__(self, compiled, input_names, output_names):
         import openvino as ov
@@ -52,7 +44,7 @@ class OpenVinoExecutable(Executable):
     def __call__(self, *inputs: Any) -> list[Any]:
         ov = self._ov
         for i, x in enumerate(inputs):
-            a = np.ascontiguousarray(_as_numpy(x))
+            a = np.ascontiguousarray(to_numpy(x))
             self.request.set_input_tensor(i, ov.Tensor(a, shared_memory=True))
         self.request.infer()
         # copy: the request's output buffers are reused by the next call

@@ -8,10 +8,13 @@ recorded, with every sample.
 
 **Correctness.** Outputs are compared with the reference activations with an
 allclose-style rule per element, ``|got - want| <= atol_eff + rtol * |want|``,
-where ``atol_eff = atol * max(1, rms(want))``: the absolute part scales with
-the tensor's magnitude, because float32 error grows with it (a deep block's
-outputs near 10 differ by ~5e-4 between correct backends). Defaults:
-``rtol=1e-3``, ``atol=1e-4``. A candidate outside the tolerance is invalid.
+where ``atol_eff = atol * max(1, max|want|)``: the absolute part scales with
+the tensor's largest magnitude, because float32 rounding error accumulates
+with it. Correct backends differ from onnxruntime by up to 4.6e-4 on the
+whole ResNeXt-50 (outputs up to ~11, rms 1.7), which an rms-scaled bound
+rejected. Defaults: ``rtol=1e-3``, ``atol=1e-4``. A candidate outside the
+tolerance is invalid; a backend with wrong numbers misses by orders of
+magnitude more.
 """
 
 from __future__ import annotations
@@ -108,7 +111,7 @@ def compare(
         diff = np.abs(gf - wf)[finite]
         if diff.size == 0:
             continue
-        scale = max(1.0, float(np.sqrt(np.mean(wf[finite] ** 2))))
+        scale = max(1.0, float(np.abs(wf[finite]).max()))
         bound = tol.atol * scale + tol.rtol * np.abs(wf[finite])
         a = float(diff.max())
         r = float((diff / np.maximum(np.abs(wf[finite]), 1e-12)).max())

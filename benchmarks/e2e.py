@@ -38,13 +38,14 @@ def main() -> None:
     ap.add_argument("--no-graph-level", action="store_true")
     ap.add_argument("--db", default=".cache/e2e.db")
     ap.add_argument("--out", default="benchmarks/results/e2e.json")
+    ap.add_argument("--table-only", action="store_true", help="print the table from --out without measuring")
     args = ap.parse_args()
     models = zoo.names(include_tiny=False) if args.models == "all" else args.models.split(",")
-    console = Console()
+    console = Console(width=200)
     out = Path(args.out)
     results = json.loads(out.read_text()) if out.exists() else {}
     Path(args.db).parent.mkdir(parents=True, exist_ok=True)
-    for m in models:
+    for m in [] if args.table_only else models:
         key = f"{m}@b{args.batch}"
         console.print(f"[bold]{key}[/]")
         pm = collage_ml.place(m, backends=args.backends, db=args.db, batch=args.batch,

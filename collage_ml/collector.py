@@ -48,6 +48,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
+from collage_ml.db import default_db_path
 from collage_ml.errors import CollageError
 
 SAMPLERS = ("enumerate", "random", "focus")
@@ -67,14 +68,6 @@ RAY_MISSING = "--ray needs Ray, which is not installed: pip install 'collage-ml[
 
 #: the clock budgets are measured with (tests replace it)
 _clock = time.monotonic
-
-
-def default_db_path() -> Path:
-    """The per-user measurement database: ``<cache_dir()>/measurements.db``
-    (``$COLLAGE_ML_CACHE/measurements.db``, else ``~/.cache/collage-ml/measurements.db``)."""
-    from collage_ml.ir.importers import cache_dir
-
-    return cache_dir() / "measurements.db"
 
 
 # ----------------------------------------------------------------------------- argument checks

@@ -224,6 +224,14 @@ def _onnx_summary(data: bytes) -> tuple[int | None, str | None]:
 # ----------------------------------------------------------------------------- the database
 
 
+def default_db_path() -> Path:
+    """The per-user measurement database: ``<cache_dir()>/measurements.db``
+    (``$COLLAGE_ML_CACHE/measurements.db``, else ``~/.cache/collage-ml/measurements.db``)."""
+    from collage_ml.ir.importers import cache_dir
+
+    return cache_dir() / "measurements.db"
+
+
 class Database:
     """A collage-ml measurement database (SQLite, WAL).
 

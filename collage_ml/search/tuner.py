@@ -20,6 +20,7 @@ from typing import Any, Callable, Mapping, Sequence
 from collage_ml.backends.base import Backend, resolve_backends
 from collage_ml.candidates import Candidate, enumerate_candidates
 from collage_ml.cost import CandidateKey
+from collage_ml.db import default_db_path
 from collage_ml.errors import CollageError
 from collage_ml.ir.graph import Graph
 from collage_ml.measure.boundary import BoundaryTable, measure_boundaries
@@ -31,13 +32,6 @@ from collage_ml.search.dp import solve
 from collage_ml.search.evolutionary import EvoConfig, GraphLevelSearch
 
 MODES = ("exhaustive",)
-
-
-def default_db_path() -> Path:
-    """The per-user measurement database (``$COLLAGE_ML_CACHE/measurements.db``)."""
-    from collage_ml.ir.importers import cache_dir
-
-    return cache_dir() / "measurements.db"
 
 
 @dataclass
@@ -162,6 +156,7 @@ def place(
             # rounds (forward, then reverse order) so that drift does not favour one plan; the
             # lower of a plan's two medians counts. A plan equal to another is measured once.
             results = _measure_plans_e2e(runner, graph, plans, ref, say)
+            e2e_count = 2 * len({p.canonical() for p in plans.values()})  # two rounds each
             evo = None
             region_names = [b.name for b in backends if any(pt.kind == "region" for pt in b.patterns)]
             if graph_level and region_names and results["op-level"].get("valid"):
@@ -170,7 +165,6 @@ def place(
                 if evo.best is not None:
                     plans["graph-level"] = evo.best.plan
                     results["graph-level"] = {"valid": True, "median": evo.best.seconds}
-            e2e_count = 2 * len({p.canonical() for p in plans.values()})
             valid = {k: v for k, v in results.items() if v.get("valid")}
             if not valid:
                 errors = "; ".join(f"{k}: {v.get('error_text')}" for k, v in results.items())
@@ -193,8 +187,6 @@ def place(
                 "backends": [b.name for b in backends],
                 "chosen": best_label,
                 "plan_latency_ms": best.measured_ms,
-                "op_level_plan_ms": results["op-level"].get("median", float("nan")) * 1e3
-                if results["op-level"].get("valid") else None,
                 "op_level_predicted_ms": dp.cost * 1e3,
                 "op_level_ms": results["op-level"]["median"] * 1e3 if results["op-level"].get("valid") else None,
                 "graph_level_ms": evo.best.seconds * 1e3 if evo is not None and evo.best is not None else None,

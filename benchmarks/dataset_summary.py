@@ -1,0 +1,83 @@
+"""Which backend wins which op types, from a measurement database.
+
+    .venv/bin/python benchmarks/dataset_summary.py datasets/cpu-2core-zen4/measurements.db
+
+For every subgraph measured validly on onnxruntime and at least one other
+backend (same hardware fingerprint), compares the medians. Single-node
+subgraphs are grouped by op type, larger ones as "k-node regions". Prints,
+per group: how many subgraphs, how often each backend is fastest, and the
+geometric mean of each backend's latency over onnxruntime's (below 1 is
+faster).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from collections import defaultdict
+
+from rich.console import Console
+from rich.table import Table
+
+from collage_ml.db import Database
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("db")
+    ap.add_argument("--reference", default="onnxruntime")
+    args = ap.parse_args()
+    with Database(args.db, readonly=True) as db:
+        by_key: dict[tuple[str, str], dict[str, float]] = defaultdict(dict)
+        nodes: dict[str, int] = {}
+        ops: dict[str, str] = {}
+        for m in db.measurements(valid=True):
+            if m.key.subgraph_hash.startswith("boundary:"):
+                continue
+            by_key[(m.key.subgraph_hash, m.hardware)][m.key.backend] = m.median
+            nodes[m.key.subgraph_hash] = int(m.extra.get("nodes", 0))
+        for h in {h for h, _ in by_key}:
+            if nodes.get(h) == 1:
+                ops[h] = _single_op(db, h)
+    groups: dict[str, list[dict[str, float]]] = defaultdict(list)
+    for (h, _), lat in by_key.items():
+        if args.reference not in lat or len(lat) < 2:
+            continue
+        n = nodes.get(h, 0)
+        name = ops.get(h) or (f"{n}-node regions" if n <= 3 else "4+-node regions")
+        groups[name].append(lat)
+    backends = sorted({b for g in groups.values() for lat in g for b in lat})
+    t = Table(title=f"fastest backend per subgraph, and geomean latency / {args.reference}")
+    t.add_column("group")
+    t.add_column("n")
+    for b in backends:
+        t.add_column(f"{b} wins")
+    for b in backends:
+        if b != args.reference:
+            t.add_column(f"{b}/{args.reference}")
+    for name, lats in sorted(groups.items(), key=lambda kv: -len(kv[1])):
+        wins = defaultdict(int)
+        for lat in lats:
+            wins[min(lat, key=lat.get)] += 1
+        row = [name, str(len(lats))] + [str(wins[b]) for b in backends]
+        for b in backends:
+            if b == args.reference:
+                continue
+            r = [lat[b] / lat[args.reference] for lat in lats if b in lat]
+            row.append(f"{math.exp(sum(map(math.log, r)) / len(r)):.2f} ({len(r)})" if r else "-")
+        t.add_row(*row)
+    Console(width=200).print(t)
+
+
+def _single_op(db: Database, h: str) -> str | None:
+    import onnx
+
+    data = db.subgraph_onnx(h)
+    if not data:
+        return None
+    m = onnx.load_from_string(data)
+    return m.graph.node[0].op_type if len(m.graph.node) == 1 else None
+
+
+if __name__ == "__main__":
+    main()

@@ -169,8 +169,13 @@ def _cmd_place(args) -> int:
     print(f"measurements: {rep['measurements']} new, {rep['cache_hits']} cache hits, {rep['candidates']} candidates; "
           f"search {rep['search_seconds']:.1f} s; max abs error {rep['max_abs_error']:.3g}")
     if args.report:
-        with open(args.report, "w") as f:
-            json.dump(rep, f, indent=1)
+        from pathlib import Path
+
+        try:
+            Path(args.report).parent.mkdir(parents=True, exist_ok=True)
+            Path(args.report).write_text(json.dumps(rep, indent=1))
+        except OSError as e:
+            raise CollageError(f"cannot write the report to {args.report}: {e.strerror or e}") from None
     if args.out:
         pm.save(args.out)
         print(f"saved the placed model to {args.out}")

@@ -48,7 +48,7 @@ def test_second_place_hits_the_cache(tmp_path):
 
 
 def test_place_cli_report_and_saved_model(tmp_path, capsys):
-    rep_path = tmp_path / "r.json"
+    rep_path = tmp_path / "reports" / "r.json"  # its folder does not exist yet
     rc = main(["place", "resnet50-tiny", "--backends", "onnxruntime,torch", "--db", str(tmp_path / "m.db"),
                "--max-region-size", "2", "--report", str(rep_path), "--out", str(tmp_path / "pm"), "--no-progress"])
     assert rc == 0

@@ -26,6 +26,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("db")
     ap.add_argument("--reference", default="onnxruntime")
+    ap.add_argument("--plot", metavar="PNG", help="also write a bar chart of the geomean ratios here")
+    ap.add_argument("--min-count", type=int, default=5, help="groups with fewer subgraphs are left out of the plot")
     args = ap.parse_args()
     with Database(args.db, readonly=True) as db:
         by_key: dict[tuple[str, str], dict[str, float]] = defaultdict(dict)
@@ -55,6 +57,7 @@ def main() -> None:
     for b in backends:
         if b != args.reference:
             t.add_column(f"{b}/{args.reference}")
+    ratios: dict[str, dict[str, float]] = {}
     for name, lats in sorted(groups.items(), key=lambda kv: -len(kv[1])):
         wins = defaultdict(int)
         for lat in lats:
@@ -65,8 +68,40 @@ def main() -> None:
                 continue
             r = [lat[b] / lat[args.reference] for lat in lats if b in lat]
             row.append(f"{math.exp(sum(map(math.log, r)) / len(r)):.2f} ({len(r)})" if r else "-")
+            if r and len(lats) >= args.min_count:
+                ratios.setdefault(name, {})[b] = math.exp(sum(map(math.log, r)) / len(r))
         t.add_row(*row)
     Console(width=200).print(t)
+    if args.plot:
+        plot(ratios, [b for b in backends if b != args.reference], args.reference, args.plot, args.db)
+        print(f"wrote {args.plot}")
+
+
+def plot(ratios: dict[str, dict[str, float]], backends: list[str], reference: str, path: str, title: str) -> None:
+    """Grouped bars of geomean latency / reference per group (log scale; below 1 is faster)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise SystemExit("the plot needs matplotlib: pip install 'collage-ml[plots]'") from None
+    groups = list(ratios)
+    width = 0.8 / max(len(backends), 1)
+    fig, ax = plt.subplots(figsize=(max(8, 0.7 * len(groups)), 4.5))
+    for k, b in enumerate(backends):
+        xs = [i + (k - (len(backends) - 1) / 2) * width for i in range(len(groups))]
+        ys = [ratios[g].get(b, float("nan")) for g in groups]
+        ax.bar(xs, ys, width, label=b)
+    ax.axhline(1.0, color="black", linewidth=0.8)
+    ax.set_yscale("log")
+    ax.set_xticks(range(len(groups)))
+    ax.set_xticklabels(groups, rotation=35, ha="right")
+    ax.set_ylabel(f"geomean latency / {reference} (log)")
+    ax.set_title(f"who wins what: {title}", fontsize=9)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
 
 
 def _single_op(db: Database, h: str) -> str | None:

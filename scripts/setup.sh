@@ -25,5 +25,5 @@ else
   # The CPU build first: any later requirement on torch is then already met.
   $PIP install -q "torch==2.13.0"
 fi
-$PIP install -q -e ".[$FLAVOUR,openvino,parquet,test]"
+$PIP install -q -e ".[$FLAVOUR,openvino,parquet,plots,test]"
 echo "$HASH" > "$STAMP"

@@ -41,7 +41,6 @@ import hashlib
 import json
 import math
 import os
-import sys
 import tempfile
 import time
 from dataclasses import asdict, dataclass, field
@@ -49,7 +48,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from collage_ml.db import default_db_path
-from collage_ml.errors import CollageError
+from collage_ml.errors import CollageError, describe
 
 SAMPLERS = ("enumerate", "random", "focus")
 #: the share of inductor candidates measured (its compiles take 1-15 s each)
@@ -860,7 +859,7 @@ def _measure(
                 graph = _import(work.model, work.batch)
                 reference = graph.reference()
             except Exception as e:  # an overnight run goes on with the next model
-                summary.skipped.append(f"{work.label}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+                summary.skipped.append(f"{work.label}: {describe(e, 10**6)}")
                 continue
             groups: dict[int, list] = {}
             for it in work.items:

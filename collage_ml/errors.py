@@ -29,3 +29,15 @@ class BackendError(CollageError):
 
 class DatabaseError(CollageError):
     """A measurement database is corrupt, foreign, or unreadable."""
+
+
+def first_line(e: BaseException, limit: int = 300) -> str:
+    """The first line of an exception's message (cut at ``limit``), or its type name when it has none."""
+    lines = str(e).strip().splitlines()
+    return lines[0][:limit] if lines else type(e).__name__
+
+
+def describe(e: BaseException, limit: int = 300) -> str:
+    """``"TypeName: first line"`` (or just the type name), for error texts stored with measurements."""
+    lines = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {lines[0][:limit]}" if lines else type(e).__name__

@@ -15,7 +15,6 @@ choices).
 from __future__ import annotations
 
 import json
-import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -339,9 +338,3 @@ def load(path: str | Path, threads: int | None = None) -> PlacedModel:
     if (d / "report.json").exists():
         pm.report = json.loads((d / "report.json").read_text())
     return pm
-
-
-def timed(fn, *args, **kwargs):
-    t0 = time.perf_counter()
-    r = fn(*args, **kwargs)
-    return r, time.perf_counter() - t0

@@ -21,7 +21,7 @@ from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 
-from collage_ml.errors import BackendError
+from collage_ml.errors import BackendError, describe
 from collage_ml.ir.graph import Graph, Node, SubGraph
 
 ENTRY_POINT_GROUP = "collage_ml.backends"
@@ -80,7 +80,7 @@ class Backend(abc.ABC):
                 self._available = True
             except Exception as e:  # ImportError, missing device, broken install
                 self._available = False
-                self._reason = f"{type(e).__name__}: {e}".splitlines()[0]
+                self._reason = describe(e, 10**6)
                 if self.install_hint:
                     self._reason += f" (install: {self.install_hint})"
         return self._available

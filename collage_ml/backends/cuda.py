@@ -24,7 +24,7 @@ from collage_ml.backends.inductor_backend import InductorBackend
 from collage_ml.backends.onnxruntime_backend import OnnxRuntimeBackend, OrtExecutable, make_session
 from collage_ml.backends.torch_backend import TorchBackend
 from collage_ml.backends.tvm_backend import TVMBackend
-from collage_ml.errors import BackendError
+from collage_ml.errors import BackendError, first_line
 from collage_ml.ir.graph import SubGraph
 
 
@@ -135,7 +135,7 @@ class OrtProviderBackend(OnnxRuntimeBackend):
                 providers=[self.provider, "CPUExecutionProvider"],
             )
         except Exception as e:
-            raise BackendError(f"{self.name} could not compile {sg}: {str(e).splitlines()[0][:300]}") from None
+            raise BackendError(f"{self.name} could not compile {sg}: {first_line(e)}") from None
         return OrtExecutable(sess, sg.inputs, sg.outputs)
 
 

@@ -15,7 +15,7 @@ import numpy as np
 
 from collage_ml.backends.base import Backend, Executable, register_backend, to_numpy
 from collage_ml.backends.patterns import RegionPattern
-from collage_ml.errors import BackendError
+from collage_ml.errors import BackendError, first_line
 from collage_ml.ir.graph import Graph, Node, SubGraph
 
 ORT_DOMAINS = ("", "ai.onnx", "com.microsoft")
@@ -89,5 +89,5 @@ class OnnxRuntimeBackend(Backend):
         try:
             sess = make_session(sg.to_onnx().SerializeToString(), threads, self.spin, self.opt_level)
         except Exception as e:
-            raise BackendError(f"onnxruntime could not compile {sg}: {str(e).splitlines()[0][:300]}") from None
+            raise BackendError(f"onnxruntime could not compile {sg}: {first_line(e)}") from None
         return OrtExecutable(sess, sg.inputs, sg.outputs)

@@ -14,7 +14,7 @@ import numpy as np
 
 from collage_ml.backends.base import Backend, Executable, register_backend, to_numpy
 from collage_ml.backends.patterns import RegionPattern
-from collage_ml.errors import BackendError
+from collage_ml.errors import BackendError, first_line
 from collage_ml.ir.graph import Graph, Node, SubGraph
 
 # ONNX ops OpenVINO's ONNX frontend converts (the subset collage-ml relies on; the
@@ -110,7 +110,7 @@ class OpenVinoBackend(Backend):
                 },
             )
         except Exception as e:
-            raise BackendError(f"openvino could not compile {sg}: {str(e).splitlines()[0][:300]}") from None
+            raise BackendError(f"openvino could not compile {sg}: {first_line(e)}") from None
         names = [o.get_any_name() for o in compiled.inputs]
         if list(names) != list(sg.inputs):
             # inputs come back in the model's declared order; map defensively

@@ -42,7 +42,7 @@ def node_flops(graph: Graph, node: Node) -> int:
         bias = outs[0].numel if len(ins) > 2 and ins[2] is not None else 0
         return int(2 * macs + bias)
     if op in ("MatMul", "Gemm"):
-        a, b = ins[0].shape, ins[1].shape
+        a = ins[0].shape
         if op == "Gemm":
             k = a[0] if node.attributes.get("transA", 0) else a[-1]
         else:

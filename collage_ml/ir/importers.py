@@ -27,7 +27,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from collage_ml.errors import ModelError, UnsupportedModelError
+from collage_ml.errors import ModelError, UnsupportedModelError, first_line
 from collage_ml.ir.graph import Graph, TensorInfo, _toposort, run_onnx
 
 
@@ -86,7 +86,7 @@ def load_onnx_file(path: str | os.PathLike) -> onnx.ModelProto:
     try:
         model = onnx.load(str(p))
     except Exception as e:  # protobuf raises DecodeError, onnx raises various
-        raise ModelError(f"{p}: not a readable ONNX model ({type(e).__name__}: {_first_line(e)})") from None
+        raise ModelError(f"{p}: not a readable ONNX model ({type(e).__name__}: {first_line(e)})") from None
     if not model.graph.node:
         raise ModelError(f"{p}: not a readable ONNX model (it has no nodes; truncated or not ONNX?)")
     return model
@@ -106,13 +106,13 @@ def export_torch(module: Any, example_inputs: tuple) -> onnx.ModelProto:
             prog = torch.onnx.export(module, example_inputs, dynamo=True, verbose=False)
             return prog.model_proto
         except Exception as e:
-            errors.append(f"dynamo exporter: {_first_line(e)}")
+            errors.append(f"dynamo exporter: {first_line(e)}")
         try:
             buf = io.BytesIO()
             torch.onnx.export(module, example_inputs, buf, dynamo=False, opset_version=17)
             return onnx.load_from_string(buf.getvalue())
         except Exception as e:
-            errors.append(f"legacy exporter: {_first_line(e)}")
+            errors.append(f"legacy exporter: {first_line(e)}")
     raise ModelError(f"could not export {type(module).__name__} to ONNX ({'; '.join(errors)})")
 
 
@@ -176,7 +176,7 @@ def from_onnx(
     try:
         m = onnx.shape_inference.infer_shapes(m, data_prop=True)
     except Exception as e:
-        raise ModelError(f"ONNX shape inference failed: {_first_line(e)}") from None
+        raise ModelError(f"ONNX shape inference failed: {first_line(e)}") from None
     tensors = _static_types(m)
     needed = [t for nd in m.graph.node for t in nd.output if t and t not in tensors]
     needed += [o.name for o in m.graph.output if o.name not in tensors]
@@ -187,13 +187,8 @@ def from_onnx(
     try:
         onnx.checker.check_model(m)
     except Exception as e:
-        raise ModelError(f"invalid ONNX model: {_first_line(e)}") from None
+        raise ModelError(f"invalid ONNX model: {first_line(e)}") from None
     return Graph(m, tensors, name=name)
-
-
-def _first_line(e: BaseException) -> str:
-    s = str(e).strip().splitlines()
-    return s[0][:300] if s else type(e).__name__
 
 
 def _check_supported(m: onnx.ModelProto) -> None:
@@ -304,7 +299,7 @@ def _observe_types(m: onnx.ModelProto, known: Mapping[str, TensorInfo], names: l
     except Exception as e:
         raise UnsupportedModelError(
             f"could not resolve the shapes of {len(names)} tensor(s) (e.g. {names[0]!r}): "
-            f"onnxruntime failed to run the model: {_first_line(e)}"
+            f"onnxruntime failed to run the model: {first_line(e)}"
         ) from None
     return {
         n: TensorInfo(n, tuple(v.shape), helper.np_dtype_to_tensor_dtype(np.asarray(v).dtype))

@@ -21,6 +21,7 @@ from typing import Iterable, Sequence
 import numpy as np
 
 from collage_ml.cost import CandidateKey, Measurement
+from collage_ml.errors import describe
 from collage_ml.measure.timing import TimingConfig
 
 #: tensor sizes the table is measured at (float32 elements): 1 KiB, 64 KiB, 1 MiB, 4 MiB
@@ -74,7 +75,7 @@ class BoundaryTask:
                 "extra": {"chain": tc.median, "first": ta.median, "second": tb.median, "raw": cost},
             }
         except Exception as e:
-            return {"valid": False, "error_text": f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"}
+            return {"valid": False, "error_text": describe(e)}
 
 
 def boundary_key(first, second, nbytes: int) -> CandidateKey:

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from collage_ml.errors import describe
 from collage_ml.measure.timing import Tolerance, TimingConfig
 
 
@@ -53,7 +54,7 @@ class PlanTask:
                 "partitions": len(pm.plan.partitions),
             }
         except Exception as e:
-            return {"valid": False, "error_text": f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"}
+            return {"valid": False, "error_text": describe(e)}
 
 
 def measure_plan(runner, graph, plan, reference) -> dict:

@@ -30,6 +30,7 @@ import numpy as np
 
 from collage_ml.candidates import Candidate
 from collage_ml.cost import CandidateKey, Measurement
+from collage_ml.errors import describe
 from collage_ml.measure.timing import Tolerance, TimingConfig
 
 STARTUP_TIMEOUT = 120.0
@@ -92,7 +93,7 @@ def execute(task: Task) -> dict:
     except Exception as e:
         last = traceback.extract_tb(e.__traceback__)[-1:] if e.__traceback__ else []
         where = f" at {os.path.basename(last[0].filename)}:{last[0].lineno}" if last else ""
-        return {"valid": False, "error_text": f"{type(e).__name__}: {str(e).splitlines()[0][:400] if str(e) else ''}{where}"}
+        return {"valid": False, "error_text": f"{describe(e, 400)}{where}"}
 
 
 def _worker_main(fd: int, threads: int) -> None:

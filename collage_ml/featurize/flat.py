@@ -1,0 +1,156 @@
+"""Flat feature rows for XGBoost: one fixed-length float32 vector per (subgraph, backend, hardware).
+
+The subgraph part is computed once per structural hash (:func:`subgraph_part`)
+and the backend and hardware columns are appended per candidate, so a
+subgraph offered to four backends is analysed once.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from collage_ml.featurize.hardware import HardwareDesc
+from collage_ml.featurize.info import SubgraphInfo, _LRU
+from collage_ml.featurize.schema import BACKENDS, N_BACKENDS, N_OPS, OPS, OP_INDEX, backend_slot
+
+_CONV = np.array([OP_INDEX["Conv"], OP_INDEX["ConvTranspose"]], dtype=np.int16)
+_MATMUL = np.array([OP_INDEX["MatMul"], OP_INDEX["Gemm"], OP_INDEX["Einsum"]], dtype=np.int16)
+_MOVE = np.array(
+    [OP_INDEX[o] for o in "Reshape Transpose Concat Split Slice Gather Squeeze Unsqueeze Flatten Expand Pad Tile Identity".split()],
+    dtype=np.int16,
+)
+
+SUBGRAPH_FEATURES: tuple[str, ...] = (
+    *(f"op:{o}" for o in OPS),
+    "op:other",
+    "log_flops",
+    "log_bytes_read",
+    "log_bytes_written",
+    "log_intensity",
+    "log_weight_bytes",
+    "log_max_input_bytes",
+    "log_max_output_bytes",
+    "log_total_input_bytes",
+    "log_total_output_bytes",
+    "n_inputs",
+    "n_outputs",
+    "n_nodes",
+    "n_edges",
+    "depth",
+    "log_conv_flops",
+    "log_matmul_flops",
+    "log_other_flops",
+    "log_move_bytes",
+    "conv_max_kernel",
+    "conv_max_stride",
+    "conv_log_max_groups",
+    "conv_depthwise",
+    "log_mm_m",
+    "log_mm_n",
+    "log_mm_k",
+    "log_max_node_flops",
+    "max_node_flops_share",
+    "log_flops_per_node",
+)
+FEATURES: tuple[str, ...] = (
+    *SUBGRAPH_FEATURES,
+    *(f"backend:{b}" for b in BACKENDS),
+    "backend:other",
+    "hw_cores",
+    "hw_threads",
+    "hw_gpu",
+    "log_flops_per_thread",
+)
+N_FEATURES = len(FEATURES)
+_N_SUB = len(SUBGRAPH_FEATURES)
+
+_CACHE = _LRU(100_000)
+
+
+def _l(x: float) -> float:
+    return float(np.log1p(max(float(x), 0.0)))
+
+
+def subgraph_part(info: SubgraphInfo) -> np.ndarray:
+    return _CACHE.get_or(info.hash, lambda: _compute(info))
+
+
+def _compute(info: SubgraphInfo) -> np.ndarray:
+    v = info.node_values
+    ops = info.ops
+    flops, read, written, weight = v[:, 0], v[:, 1], v[:, 2], v[:, 11]
+    hist = np.bincount(ops, minlength=N_OPS).astype(np.float64)
+    conv = np.isin(ops, _CONV)
+    mm = np.isin(ops, _MATMUL)
+    move = np.isin(ops, _MOVE)
+    total_flops = float(flops.sum())
+    # bytes that cross the subgraph boundary or are weights: what a fused region really moves
+    moved = float(sum(info.in_bytes) + sum(info.out_bytes) + weight.sum())
+    max_node = float(flops.max()) if len(flops) else 0.0
+    conv_kernel = float(v[conv, 5].max()) if conv.any() else 0.0
+    conv_stride = float(v[conv, 6].max()) if conv.any() else 0.0
+    conv_groups = float(v[conv, 7].max()) if conv.any() else 0.0
+    depthwise = 0.0
+    if conv.any():
+        # depthwise: groups equal to output channels, i.e. weight [C, 1, k...]; a large group count is the tell
+        depthwise = float((v[conv, 7] > 1).any() and conv_groups >= 16)
+    out = np.empty(_N_SUB, dtype=np.float64)
+    out[:N_OPS] = hist
+    out[N_OPS:] = (
+        _l(total_flops),
+        _l(read.sum()),
+        _l(written.sum()),
+        float(np.log((total_flops + 1.0) / (moved + 1.0))),
+        _l(weight.sum()),
+        _l(max(info.in_bytes, default=0)),
+        _l(max(info.out_bytes, default=0)),
+        _l(sum(info.in_bytes)),
+        _l(sum(info.out_bytes)),
+        float(len(info.in_bytes)),
+        float(len(info.out_bytes)),
+        float(info.n_nodes),
+        float(info.n_edges),
+        float(info.depth),
+        _l(flops[conv].sum()),
+        _l(flops[mm].sum()),
+        _l(flops[~(conv | mm)].sum()),
+        _l((read[move] + written[move]).sum()),
+        conv_kernel,
+        conv_stride,
+        _l(conv_groups),
+        depthwise,
+        _l(v[mm, 8].max() if mm.any() else 0.0),
+        _l(v[mm, 9].max() if mm.any() else 0.0),
+        _l(v[mm, 10].max() if mm.any() else 0.0),
+        _l(max_node),
+        max_node / total_flops if total_flops > 0 else 0.0,
+        _l(total_flops / max(info.n_nodes, 1)),
+    )
+    out.flags.writeable = False
+    return out
+
+
+def flat_row(info: SubgraphInfo, backend: str, hw: HardwareDesc) -> np.ndarray:
+    row = np.zeros(N_FEATURES, dtype=np.float32)
+    sub = subgraph_part(info)
+    row[:_N_SUB] = sub
+    row[_N_SUB + backend_slot(backend)] = 1.0
+    tail = _N_SUB + N_BACKENDS
+    row[tail : tail + 3] = hw.vector()
+    row[tail + 3] = sub[N_OPS] - np.log(max(hw.threads, 1))
+    return row
+
+
+def flat_matrix(items: Sequence[tuple[SubgraphInfo, str, HardwareDesc]]) -> np.ndarray:
+    """Rows for many (info, backend, hardware) triples, as a float32 matrix [len(items), N_FEATURES]."""
+    out = np.zeros((len(items), N_FEATURES), dtype=np.float32)
+    tail = _N_SUB + N_BACKENDS
+    for i, (info, backend, hw) in enumerate(items):
+        sub = subgraph_part(info)
+        out[i, :_N_SUB] = sub
+        out[i, _N_SUB + backend_slot(backend)] = 1.0
+        out[i, tail : tail + 3] = (hw.cores, hw.threads, hw.gpu)
+        out[i, tail + 3] = sub[N_OPS] - np.log(max(hw.threads, 1))
+    return out

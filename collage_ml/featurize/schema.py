@@ -1,0 +1,65 @@
+"""The featurizers' vocabularies and schema version.
+
+Every model artifact stores :data:`SCHEMA_VERSION` and refuses to load under
+another one: a change to a vocabulary or to a feature's definition changes the
+meaning of the columns a model was trained on. Bump the version whenever
+anything in this package changes what a feature means.
+"""
+
+from __future__ import annotations
+
+from collage_ml.errors import CollageError
+
+SCHEMA_VERSION = 1
+
+#: op types with their own histogram column / node one-hot slot; everything else counts as "other"
+OPS: tuple[str, ...] = tuple(
+    """Conv ConvTranspose MatMul Gemm Einsum
+    Relu Clip Sigmoid Tanh Gelu Erf Exp Log Sqrt Pow Neg Abs Reciprocal LeakyRelu HardSigmoid HardSwish Elu Softplus PRelu
+    Add Sub Mul Div Max Min Sum Where Equal Less Greater Cast
+    Softmax LogSoftmax LayerNormalization BatchNormalization InstanceNormalization GroupNormalization
+    ReduceMean ReduceSum ReduceMax GlobalAveragePool GlobalMaxPool AveragePool MaxPool
+    Reshape Transpose Concat Split Slice Gather Squeeze Unsqueeze Flatten Expand Pad Tile Resize Identity Shape""".split()
+)
+OP_INDEX = {op: i for i, op in enumerate(OPS)}
+OTHER_OP = len(OPS)  # index of the "other" slot
+N_OPS = len(OPS) + 1
+
+#: backend slots (a configured backend such as ``onnxruntime[spin=on]`` uses its base name's slot, and its
+#: configuration's own slot in :data:`CONFIG_SLOTS` where it has one); unknown backends share the last slot
+BACKENDS: tuple[str, ...] = (
+    "onnxruntime",
+    "openvino",
+    "torch",
+    "inductor",
+    "tvm",
+    "torch-cuda",
+    "inductor-cuda",
+    "onnxruntime-cuda",
+    "onnxruntime-tensorrt",
+    "tvm-cuda",
+)
+BACKEND_INDEX = {b: i for i, b in enumerate(BACKENDS)}
+OTHER_BACKEND = len(BACKENDS)
+N_BACKENDS = len(BACKENDS) + 1
+
+
+def backend_base(name: str) -> str:
+    """``onnxruntime[spin=on]`` -> ``onnxruntime``."""
+    return name.split("[", 1)[0]
+
+
+def backend_slot(name: str) -> int:
+    return BACKEND_INDEX.get(backend_base(name), OTHER_BACKEND)
+
+
+class SchemaError(CollageError, ValueError):
+    """A model artifact was built with another feature schema."""
+
+
+def check_schema(found, where: str) -> None:
+    if found != SCHEMA_VERSION:
+        raise SchemaError(
+            f"{where} was built with feature schema {found!r}, but this collage-ml uses schema "
+            f"{SCHEMA_VERSION}; retrain it with `collage-ml train` (features changed meaning between versions)"
+        )

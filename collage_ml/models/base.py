@@ -1,0 +1,238 @@
+"""The cost-model interface, artifacts on disk, and the shipped defaults.
+
+A :class:`CostModel` predicts a candidate's latency on a hardware descriptor
+without running it:
+
+- ``fit(dataset)`` trains from scratch on a :class:`~collage_ml.models.dataset.Dataset`;
+- ``update(new)`` folds in new measurements (each implementation documents how);
+- ``predict(candidates) -> (mean, uncertainty)``: ``mean`` is the predicted
+  latency in seconds, ``uncertainty`` the standard deviation of the predicted
+  *natural-log* latency, so ``mean * exp(±z * uncertainty)`` is an interval;
+- ``save(path)`` / :func:`load_model`.
+
+An artifact is a directory: ``meta.json`` (kind, the featurizer schema
+version, parameters, what it was trained on and how often it was updated)
+plus the model's own files in XGBoost's JSON format or as a torch
+``state_dict`` (loaded with ``weights_only=True``). Nothing is pickled.
+Loading refuses an artifact made under another feature schema.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import math
+import time
+from abc import ABC, abstractmethod
+from pathlib import Path
+from typing import Any, ClassVar, Sequence
+
+import numpy as np
+
+from collage_ml.errors import CollageError
+from collage_ml.featurize.hardware import HardwareDesc
+from collage_ml.featurize.schema import SCHEMA_VERSION, check_schema
+from collage_ml.models.dataset import Dataset, Sample, items_of
+
+ARTIFACT_FORMAT = "collage-ml-cost-model"
+ARTIFACT_VERSION = 1
+META = "meta.json"
+
+#: kind -> "module:Class"
+KINDS: dict[str, str] = {
+    "xgb": "collage_ml.models.xgb:XGBCostModel",
+    "gnn": "collage_ml.models.gnn:GNNCostModel",
+}
+
+#: where the shipped artifacts live: <dir>/<name>/meta.json
+SHIPPED_DIR = Path(__file__).resolve().parent.parent / "data" / "cost_models"
+
+
+class ArtifactError(CollageError):
+    """A cost-model artifact is missing, unreadable, or of another kind or schema."""
+
+
+class CostModel(ABC):
+    kind: ClassVar[str] = ""
+
+    def __init__(self, **params: Any):
+        self.params: dict[str, Any] = dict(params)
+        self.meta: dict[str, Any] = {"updates": 0, "trained_on": {}}
+        self.hw: HardwareDesc | None = None  # the descriptor candidates are predicted for by default
+
+    # -- the interface -------------------------------------------------------------------
+    @abstractmethod
+    def fit(self, data: Dataset) -> "CostModel": ...
+
+    @abstractmethod
+    def update(self, new: Dataset) -> dict[str, Any]:
+        """Fold in new measurements; returns what was done (e.g. ``{"mode": "continue", "n": 12}``)."""
+
+    @abstractmethod
+    def predict_log(self, samples: Sequence[Sample]) -> tuple[np.ndarray, np.ndarray]:
+        """(mean, std) of the natural-log latency in seconds, per sample."""
+
+    @abstractmethod
+    def _save_payload(self, directory: Path) -> dict[str, Any]:
+        """Write the model's files into ``directory``; return extra metadata to store."""
+
+    @abstractmethod
+    def _load_payload(self, directory: Path, meta: dict[str, Any]) -> None: ...
+
+    # -- shared --------------------------------------------------------------------------
+    def predict(self, candidates: Sequence[Any], hw: HardwareDesc | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """(latency seconds, log-space std) per Candidate or Sample."""
+        if not len(candidates):
+            return np.zeros(0), np.zeros(0)
+        hw = hw or self.hw or HardwareDesc.current()
+        mu, sd = self.predict_log(items_of(candidates, hw))
+        return np.exp(mu), sd
+
+    def _record_fit(self, data: Dataset) -> None:
+        if not len(data):
+            raise ValueError("cannot fit a cost model on an empty dataset")
+        fps = sorted({s.hardware for s in data if s.hardware})
+        hws = [s.hw for s in data]
+        self.hw = max(set(hws), key=hws.count)
+        self.meta["trained_on"] = {
+            "n": len(data),
+            "sources": data.sources(),
+            "backends": sorted({s.backend for s in data}),
+            "hardware": fps,
+            "subgraphs": len({s.info.hash for s in data}),
+        }
+        self.meta["fitted_at"] = time.strftime("%Y-%m-%dT%H:%M:%S")
+
+    def _record_update(self, n: int) -> None:
+        self.meta["updates"] = int(self.meta.get("updates", 0)) + 1
+        self.meta.setdefault("update_samples", 0)
+        self.meta["update_samples"] += n
+
+    def save(self, path: str | Path) -> Path:
+        d = Path(path)
+        d.mkdir(parents=True, exist_ok=True)
+        extra = self._save_payload(d)
+        meta = {
+            "format": ARTIFACT_FORMAT,
+            "format_version": ARTIFACT_VERSION,
+            "kind": self.kind,
+            "schema_version": SCHEMA_VERSION,
+            "params": self.params,
+            "hw": None if self.hw is None else vars(self.hw),
+            **{k: v for k, v in self.meta.items() if k not in ("format", "kind", "schema_version", "params", "hw")},
+            **extra,
+        }
+        tmp = d / (META + ".tmp")
+        tmp.write_text(json.dumps(meta, indent=1, sort_keys=True, default=_json_default))
+        tmp.replace(d / META)
+        return d
+
+    def __repr__(self) -> str:
+        n = self.meta.get("trained_on", {}).get("n")
+        return f"{type(self).__name__}(trained on {n} samples, {self.meta.get('updates', 0)} updates)"
+
+
+def _json_default(o: Any) -> Any:
+    if hasattr(o, "tolist"):
+        return o.tolist()
+    return str(o)
+
+
+def read_meta(path: str | Path) -> dict[str, Any]:
+    p = Path(path)
+    if not p.exists():
+        raise ArtifactError(f"no cost-model artifact at {p}")
+    f = p / META if p.is_dir() else p
+    if f.name != META or not f.exists():
+        raise ArtifactError(f"{p} is not a collage-ml cost-model artifact (no {META}); train one with `collage-ml train`")
+    try:
+        meta = json.loads(f.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ArtifactError(f"{f} is not readable JSON ({type(e).__name__}: {e})") from None
+    if not isinstance(meta, dict) or meta.get("format") != ARTIFACT_FORMAT:
+        raise ArtifactError(f"{f} is not a collage-ml cost-model artifact")
+    return meta
+
+
+def model_class(kind: str) -> type[CostModel]:
+    if kind not in KINDS:
+        raise ArtifactError(f"unknown cost-model kind {kind!r}; known kinds: {', '.join(sorted(KINDS))}")
+    mod, cls = KINDS[kind].split(":")
+    return getattr(importlib.import_module(mod), cls)
+
+
+def create_model(kind: str, **params: Any) -> CostModel:
+    return model_class(kind)(**params)
+
+
+def load_model(path: str | Path) -> CostModel:
+    """Load an artifact directory (or ``"default"``: the shipped one for this machine)."""
+    if str(path) == "default":
+        path = default_artifact()
+    p = Path(path)
+    meta = read_meta(p)
+    directory = p if p.is_dir() else p.parent
+    check_schema(meta.get("schema_version"), f"cost model {directory}")
+    model = model_class(str(meta.get("kind")))(**(meta.get("params") or {}))
+    hw = meta.get("hw")
+    model.hw = HardwareDesc(**hw) if hw else None
+    model.meta = {k: v for k, v in meta.items() if k not in ("format", "format_version", "kind", "schema_version", "params", "hw")}
+    try:
+        model._load_payload(directory, meta)
+    except ArtifactError:
+        raise
+    except Exception as e:
+        raise ArtifactError(f"cost model {directory} is damaged: {type(e).__name__}: {e}") from None
+    return model
+
+
+def shipped_artifacts() -> list[tuple[Path, dict[str, Any]]]:
+    out = []
+    if SHIPPED_DIR.is_dir():
+        for d in sorted(SHIPPED_DIR.iterdir()):
+            try:
+                out.append((d, read_meta(d)))
+            except ArtifactError:
+                continue
+    return out
+
+
+def default_artifact(kind: str | None = None, threads: int | None = None) -> Path:
+    """The shipped artifact that fits this machine.
+
+    Preference: trained on this exact hardware fingerprint; else on hardware
+    with the same cores, threads and GPU presence (a close relative; the
+    models take those as inputs). ``kind`` restricts to xgb or gnn; xgb is
+    preferred when both fit. Raises :class:`ArtifactError` naming the
+    fingerprint when nothing fits.
+    """
+    from collage_ml.measure.hardware import fingerprint
+    from collage_ml.measure.runner import default_threads
+
+    t = threads or default_threads()
+    fp = fingerprint(t)
+    here = HardwareDesc.current(t)
+    arts = [(p, m) for p, m in shipped_artifacts() if kind is None or m.get("kind") == kind]
+    order = {"xgb": 0, "gnn": 1}
+    arts.sort(key=lambda pm: order.get(str(pm[1].get("kind")), 9))
+    for p, m in arts:
+        if fp in (m.get("trained_on") or {}).get("hardware", []):
+            return p
+    for p, m in arts:
+        if m.get("hw") and HardwareDesc(**m["hw"]) == here:
+            return p
+    have = ", ".join(p.name for p, _ in arts) or "none"
+    raise ArtifactError(
+        f"no shipped cost model fits this machine (fingerprint {fp}, {here.cores} cores, {here.threads} threads); "
+        f"shipped: {have}. Train one: collage-ml collect, then collage-ml train --db DB --model xgb -o ARTIFACT"
+    )
+
+
+def log_interval(mean: np.ndarray, sd: np.ndarray, z: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
+    """(low, high) latency bounds ``mean * exp(∓ z * sd)``."""
+    f = np.exp(z * np.asarray(sd))
+    return np.asarray(mean) / f, np.asarray(mean) * f
+
+
+def finite_or(x: float, default: float) -> float:
+    return x if math.isfinite(x) else default

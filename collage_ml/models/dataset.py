@@ -1,0 +1,223 @@
+"""Training data for cost models: measured candidates, featurizable.
+
+A :class:`Sample` is one valid measurement with what the featurizers need:
+the subgraph's :class:`~collage_ml.featurize.SubgraphInfo`, the backend name
+and the hardware descriptor, plus the latency and where it came from.
+:meth:`Dataset.from_db` builds one from a measurement database (re-analysing
+the stored ONNX of each subgraph once); :meth:`Dataset.from_candidates` from a
+placement's own fresh measurements.
+
+``source`` is the model family a sample was drawn from: the row's family for
+the ``enumerate`` sampler, and for the ``random`` sampler the zoo family of
+the model in its ``random:<model>@b<batch>`` pattern. Leave-one-family-out
+splits hold out by ``source``, so random subgraphs of a held-out model never
+leak into training.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable, Iterator, Sequence
+
+import numpy as np
+
+from collage_ml.cost import CandidateKey, Measurement
+from collage_ml.featurize.hardware import HardwareDesc
+from collage_ml.featurize.info import SubgraphInfo, info_from_onnx, subgraph_info
+
+
+@dataclass(frozen=True)
+class Sample:
+    info: SubgraphInfo
+    backend: str
+    hw: HardwareDesc
+    latency: float | None = None  # seconds; None for an unmeasured candidate
+    family: str = ""
+    source: str = ""
+    key: CandidateKey | None = None
+    hardware: str = ""  # fingerprint
+    pattern: str = ""
+
+    @property
+    def log_latency(self) -> float:
+        if self.latency is None or not self.latency > 0:
+            raise ValueError(f"sample {self.key} has no latency")
+        return math.log(self.latency)
+
+
+def source_family(family: str, pattern: str) -> str:
+    """The model family a row was drawn from (see the module docstring)."""
+    if family == "random" and pattern.startswith("random:"):
+        model = pattern[len("random:") :].split("@", 1)[0]
+        try:
+            from collage_ml.ir import zoo
+
+            return zoo.get(model).family
+        except Exception:
+            return Path(model).stem or model
+    return family
+
+
+@dataclass
+class Dataset:
+    samples: list[Sample] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def __iter__(self) -> Iterator[Sample]:
+        return iter(self.samples)
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return Dataset(self.samples[i])
+        return self.samples[i]
+
+    def __add__(self, other: "Dataset") -> "Dataset":
+        return Dataset(self.samples + list(other.samples))
+
+    def y(self) -> np.ndarray:
+        """Log latency (natural log of seconds) per sample."""
+        return np.array([s.log_latency for s in self.samples], dtype=np.float64)
+
+    def latencies(self) -> np.ndarray:
+        return np.array([s.latency for s in self.samples], dtype=np.float64)
+
+    def sources(self) -> list[str]:
+        return sorted({s.source for s in self.samples})
+
+    def filter(self, keep: Callable[[Sample], bool]) -> "Dataset":
+        return Dataset([s for s in self.samples if keep(s)])
+
+    def split_by_source(self, holdout: Iterable[str]) -> tuple["Dataset", "Dataset"]:
+        """(train, test): test holds every sample whose source family is in ``holdout``."""
+        h = set(holdout)
+        return self.filter(lambda s: s.source not in h), self.filter(lambda s: s.source in h)
+
+    def random_split(self, test_fraction: float, seed: int = 0) -> tuple["Dataset", "Dataset"]:
+        """A random split by subgraph (all backends of one subgraph land on the same side)."""
+        hashes = sorted({s.info.hash for s in self.samples})
+        rng = random.Random(seed)
+        rng.shuffle(hashes)
+        test = set(hashes[: int(round(len(hashes) * test_fraction))])
+        return self.filter(lambda s: s.info.hash not in test), self.filter(lambda s: s.info.hash in test)
+
+    def sample(self, n: int, seed: int = 0) -> "Dataset":
+        if n >= len(self):
+            return Dataset(list(self.samples))
+        return Dataset(random.Random(seed).sample(self.samples, n))
+
+    # -- construction -------------------------------------------------------------------
+    @staticmethod
+    def from_db(
+        db: Any,
+        hardware: str | None = None,
+        backends: Sequence[str] | None = None,
+        families: Sequence[str] | None = None,
+        progress: bool = False,
+    ) -> "Dataset":
+        """Every valid measurement of ``db`` (a :class:`~collage_ml.db.Database` or a path).
+
+        ``hardware`` keeps one fingerprint (default: all). A stored subgraph
+        that no longer parses is skipped and counted in ``Dataset.skipped``.
+        """
+        from collage_ml.db import Database
+
+        own = not hasattr(db, "measurements")
+        d = Database(db, readonly=True) if own else db
+        try:
+            rows = list(d.measurements(hardware=hardware, valid=True))
+            if backends is not None:
+                keep = set(backends)
+                rows = [m for m in rows if m.key.backend in keep]
+            infos: dict[str, SubgraphInfo | None] = {}
+            hw_cache: dict[tuple[str, int], HardwareDesc] = {}
+            out: list[Sample] = []
+            skipped = 0
+            it: Iterable[Measurement] = rows
+            bar = _progress(len(rows), "featurizing", progress)
+            for m in it:
+                bar()
+                if m.median is None or not m.median > 0:
+                    continue
+                h = m.key.subgraph_hash
+                if h not in infos:
+                    data = d.subgraph_onnx(h)
+                    try:
+                        infos[h] = info_from_onnx(data, h) if data is not None else None
+                    except Exception:
+                        infos[h] = None
+                info = infos[h]
+                if info is None:
+                    skipped += 1
+                    continue
+                pattern = str(m.extra.get("pattern", ""))
+                src = source_family(m.family, pattern)
+                if families is not None and src not in families:
+                    continue
+                hk = (m.hardware, m.threads)
+                if hk not in hw_cache:
+                    hw_cache[hk] = HardwareDesc.from_info(d.hardware_info(m.hardware), m.threads)
+                out.append(
+                    Sample(info, m.key.backend, hw_cache[hk], float(m.median), m.family, src, m.key, m.hardware, pattern)
+                )
+            bar(done=True)
+        finally:
+            if own:
+                d.close()
+        ds = Dataset(out)
+        ds.skipped = skipped  # type: ignore[attr-defined]
+        return ds
+
+    @staticmethod
+    def from_candidates(
+        pairs: Iterable[tuple[Any, Measurement]], hw: HardwareDesc, family: str = ""
+    ) -> "Dataset":
+        """Samples from (Candidate, Measurement) pairs; invalid measurements are left out."""
+        out = []
+        for c, m in pairs:
+            if not m.valid or m.median is None or not m.median > 0:
+                continue
+            out.append(
+                Sample(subgraph_info(c.subgraph), c.backend.name, hw, float(m.median), family or m.family,
+                       family or m.family, c.key, m.hardware, c.pattern)
+            )
+        return Dataset(out)
+
+
+def _progress(total: int, what: str, enabled: bool) -> Callable[..., None]:
+    """A tiny rich progress callback: call it once per item, then with done=True."""
+    if not enabled or total == 0:
+        return lambda done=False: None
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    p = Progress(TextColumn(what), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(), transient=True)
+    p.start()
+    task = p.add_task(what, total=total)
+
+    def step(done: bool = False) -> None:
+        if done:
+            p.stop()
+        else:
+            p.advance(task)
+
+    return step
+
+
+def items_of(objs: Sequence[Any], hw: HardwareDesc) -> list[Sample]:
+    """Candidates (or Samples) as Samples without latency, ready to featurize."""
+    out = []
+    for o in objs:
+        if isinstance(o, Sample):
+            out.append(o)
+        else:  # a Candidate
+            out.append(Sample(subgraph_info(o.subgraph), o.backend.name, hw, None, key=o.key, pattern=o.pattern))
+    return out
+
+
+def cpu_threads() -> int:
+    return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1))

@@ -42,6 +42,7 @@ class EvoConfig:
     mutation_rate: float = 0.25
     tournament: int = 3
     seed: int = 0
+    force_seeds: bool = True  # measure every single-backend seed (exhaustive); guided mode lets the estimate decide
 
 
 @dataclass
@@ -81,6 +82,7 @@ class GraphLevelSearch:
         config: EvoConfig = EvoConfig(),
         known: dict[tuple, tuple[float | None, str]] | None = None,
         specs: dict[str, tuple] | None = None,
+        worth: Callable[[float, float | None], bool] | None = None,
     ):
         self.graph = graph
         self.groups = op_plan.partitions
@@ -95,6 +97,8 @@ class GraphLevelSearch:
         self.specs = {p.backend: p.backend_spec for p in op_plan.partitions}
         self.specs.update(specs or {})
         self.measured = 0
+        self.worth = worth  # worth(estimate, best measured so far) -> measure this individual?
+        self.skipped = 0
 
     # -- genome <-> plan ----------------------------------------------------------------
     def plan_of(self, genome: Sequence[str]) -> Plan:
@@ -145,7 +149,7 @@ class GraphLevelSearch:
         proposed: list[tuple[str, ...]] = []
         gen = 0
         # generation 0: the seeds (the op-level and single-backend plans are always measured)
-        self._evaluate(seeds, archive, proposed, gen, must=len(self.alleles))
+        self._evaluate(seeds, archive, proposed, gen, must=len(self.alleles) if self.cfg.force_seeds else 1)
         while gen < self.cfg.generations and time.perf_counter() - t0 < self.cfg.budget_seconds:
             gen += 1
             pool = [e for e in archive if e.seconds is not None] or archive
@@ -179,7 +183,14 @@ class GraphLevelSearch:
         items = list(fresh.items())
         forced = [it for it in items if it[1][0] in genomes[:must]]
         rest = [it for it in items if it not in forced]
-        rest.sort(key=lambda it: (self.estimate(it[1][1]), it[0]))
+        est = {canon: self.estimate(plan) for canon, (_, plan) in rest}
+        rest.sort(key=lambda it: (est[it[0]], it[0]))
+        if self.worth is not None:
+            done = [e.seconds for e in archive if e.seconds is not None]
+            best = min(done) if done else None
+            keep = [it for it in rest if self.worth(est[it[0]], best)]
+            self.skipped += len(rest) - len(keep)
+            rest = keep
         chosen = forced + rest[: self.cfg.measure_per_generation]
         for canon, (g, plan) in chosen:
             secs, err = self.fitness(plan)

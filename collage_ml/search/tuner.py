@@ -13,7 +13,7 @@ the best single backend by more than noise.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
@@ -30,8 +30,9 @@ from collage_ml.measure.timing import Tolerance, TimingConfig
 from collage_ml.plan import Plan, PlacedModel
 from collage_ml.search.dp import solve
 from collage_ml.search.evolutionary import EvoConfig, GraphLevelSearch
+from collage_ml.search.guided import GuidedConfig, GuidedSession
 
-MODES = ("exhaustive",)
+MODES = ("exhaustive", "guided")
 
 
 @dataclass
@@ -95,6 +96,9 @@ def place(
     log: Callable[[str], None] | None = None,
     graph_level: bool = True,
     evo_config: EvoConfig | None = None,
+    cost_model: Any = "default",
+    measure_budget: int | None = None,
+    guided_config: GuidedConfig | None = None,
 ) -> PlaceResult:
     """Places ``graph`` on ``backends`` (default: the CPU default set). See the module docstring."""
     if mode not in MODES:
@@ -119,19 +123,6 @@ def place(
             uniq = len({c.key for c in todo})
             say(f"{graph.name}: {len(graph)} nodes, {len(cands)} candidates ({uniq} distinct) on "
                 f"{', '.join(b.name for b in backends)}")
-            bar = Progress(progress, uniq, "measuring")
-            seen: set = set()
-
-            def on_result(c, m, cached):
-                if c.key not in seen:
-                    seen.add(c.key)
-                    bar.step(c, m, cached)
-
-            try:
-                ms = runner.measure(todo, ref, on_result=on_result)
-            finally:
-                bar.close()
-            cost_of = {c.key: (m.median if m.valid else None) for c, m in zip(todo, ms)}
             boundary_ms = measure_boundaries(runner, backends)
             table = BoundaryTable(boundary_ms)
 
@@ -139,19 +130,54 @@ def place(
                 v = table.cost(a, b, nbytes)
                 return 0.0 if v is None else v
 
-            t_dp = time.perf_counter()
-            dp = solve(graph, cands, [cost_of[c.key] for c in cands], boundary)
+            guide = None
+            if mode == "guided":
+                guide = GuidedSession(graph, cands, baselines, runner, database, cost_model, ref, progress, say,
+                               replace(guided_config or GuidedConfig(),
+                                       **({} if measure_budget is None else {"measure_budget": measure_budget})))
+                t_dp = time.perf_counter()
+                g = guide.op_level(boundary)
+                dp = g.dp
+                if dp is None:
+                    raise CollageError("guided placement could not cover the graph with measured candidates "
+                                       "(raise measure_budget, or use mode='exhaustive')")
+                cost_of = {c.key: g.measured.get(c.key) for c in todo if c.key in g.measured}
+            else:
+                bar = Progress(progress, uniq, "measuring")
+                seen: set = set()
+
+                def on_result(c, m, cached):
+                    if c.key not in seen:
+                        seen.add(c.key)
+                        bar.step(c, m, cached)
+
+                try:
+                    ms = runner.measure(todo, ref, on_result=on_result)
+                finally:
+                    bar.close()
+                cost_of = {c.key: (m.median if m.valid else None) for c, m in zip(todo, ms)}
+            if guide is None:
+                t_dp = time.perf_counter()
+                dp = solve(graph, cands, [cost_of[c.key] for c in cands], boundary)
             dp_seconds = time.perf_counter() - t_dp
             common = dict(hardware=runner.hardware, threads=runner.threads,
                           versions={k: v for b in backends for k, v in b.versions().items()})
             dp_plan = Plan.from_candidates(graph, dp.choice, dp.per_candidate, predicted_ms=dp.cost * 1e3, **common)
             plans: dict[str, Plan] = {"op-level": dp_plan}
             baseline_ms: dict[str, float | None] = {b.name: None for b in backends}
+            baseline_pred_ms: dict[str, float] = {}
             for c in baselines:
                 cst = cost_of.get(c.key)
                 baseline_ms[c.backend.name] = None if cst is None else cst * 1e3
                 if cst is not None:
                     plans[f"all-{c.backend.name}"] = Plan.single(graph, c.backend, predicted_ms=cst * 1e3, **common)
+                elif guide is not None and c.key not in g.measured:
+                    # not measured as a kernel: judged end to end only if the model says it may win
+                    pred = guide.baseline_prediction(c)
+                    baseline_pred_ms[c.backend.name] = pred[0] * 1e3
+                    if guide.worth_trying(c, dp.cost):
+                        plans[f"all-{c.backend.name}"] = Plan.single(graph, c.backend, predicted_ms=pred[0] * 1e3,
+                                                                     **common)
             # judge by executed end-to-end latency, every plan through the same executor, in two
             # rounds (forward, then reverse order) so that drift does not favour one plan; the
             # lower of a plan's two medians counts. A plan equal to another is measured once.
@@ -161,7 +187,7 @@ def place(
             region_names = [b.name for b in backends if any(pt.kind == "region" for pt in b.patterns)]
             if graph_level and region_names and results["op-level"].get("valid"):
                 evo = _graph_level(runner, graph, dp_plan, backends, region_names, plans, results, ref,
-                                   cost_of, table, evo_config, say)
+                                   cost_of, table, evo_config, say, guide)
                 if evo.best is not None:
                     plans["graph-level"] = evo.best.plan
                     results["graph-level"] = {"valid": True, "median": evo.best.seconds}
@@ -198,6 +224,12 @@ def place(
                 "plan_errors": {k: v.get("error_text") for k, v in results.items() if not v.get("valid")},
                 "speedup_vs_best_single": _speedup(best.measured_ms, single_e2e),
                 "measurements": runner.measured,
+                "predicted_candidates": guide.predicted if guide else 0,
+                "pruned": guide.result.pruned if guide else 0,
+                "model_updates": guide.feedback.updates if guide else 0,
+                "cost_model": guide.source if guide else None,
+                "guided": guide.summary() if guide else None,
+                "baselines_predicted_ms": baseline_pred_ms,
                 "cache_hits": runner.cache_hits,
                 "candidates": len(cands),
                 "distinct_candidates": len({c.key for c in cands}),
@@ -214,6 +246,11 @@ def place(
                     for p in placed.plan.partitions
                 ],
             }
+            if guide is not None:
+                # e2e and graph-level measurements are plans, not candidates: the model learns from kernels only
+                info = guide.feedback.flush(family or graph.name)
+                report["model_updates"] = guide.feedback.updates
+                report["model_saved_to"] = info.get("saved_to") if info else None
             placed.report = report
             return PlaceResult(placed, report, results)
     finally:
@@ -241,7 +278,7 @@ def _measure_plans_e2e(runner, graph, plans: Mapping[str, Plan], ref, say) -> di
 
 
 def _graph_level(runner, graph, dp_plan, backends, region_names, plans, results, ref, cost_of, table,
-                 config, say):
+                 config, say, guide=None):
     """Runs the evolutionary search seeded with the already measured plans."""
     by_name = {b.name: b for b in backends}
     known = {plans[k].canonical(): ((v["median"] if v.get("valid") else None), v.get("error_text", ""))
@@ -265,6 +302,8 @@ def _graph_level(runner, graph, dp_plan, backends, region_names, plans, results,
             if cost is None:
                 m = runner.lookup(key)
                 cost = m.median if m is not None and m.valid else None
+            if cost is None and guide is not None:
+                cost = guide.predict_partition(sg, b)
             if cost is None:
                 # not measured as one piece: the sum of its op-level groups' costs, on any backend
                 cost = sum((g.measured_ms or 0.0) / 1e3 for g in dp_plan.partitions if not g.mask & ~p.mask)
@@ -276,10 +315,14 @@ def _graph_level(runner, graph, dp_plan, backends, region_names, plans, results,
         return total
 
     cfg = config or EvoConfig()
+    worth = None
+    if guide is not None:
+        cfg = replace(cfg, force_seeds=False)
+        worth = guide.worth_measuring
     say(f"graph-level search: {len(dp_plan.partitions)} groups, {len(region_names)} region backends, "
         f"up to {cfg.generations} generations")
     search = GraphLevelSearch(graph, dp_plan, region_names, fitness, estimate, cfg, known=known,
-                              specs={n: by_name[n].spec() for n in region_names})
+                              specs={n: by_name[n].spec() for n in region_names}, worth=worth)
     return search.run()
 
 

@@ -1,0 +1,78 @@
+"""The one feedback loop: measurements made by ``place`` (and ``collect``) update the cost model.
+
+Every measurement is committed to the database by the Runner as it arrives.
+:class:`Feedback` collects the same (candidate, measurement) pairs, passes the
+valid ones to :meth:`CostModel.update <collage_ml.models.base.CostModel.update>`
+and saves the updated model *next to the database*, at
+``<db folder>/cost-models/<fingerprint>-<kind>``. The next run that asks for
+``cost_model="default"`` with that database loads it in preference to the
+shipped artifact. A user's own artifact path is never overwritten.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Sequence
+
+from collage_ml.featurize.hardware import HardwareDesc
+from collage_ml.models.base import CostModel, load_model, read_meta
+from collage_ml.models.dataset import Dataset
+
+
+def updated_path(db_path: str | Path, fingerprint: str, kind: str) -> Path:
+    return Path(db_path).absolute().parent / "cost-models" / f"{fingerprint}-{kind}"
+
+
+def resolve_cost_model(spec: Any, db_path: str | Path | None, fingerprint: str) -> tuple[CostModel, str, Path | None]:
+    """(model, where it came from, where updates are saved).
+
+    ``spec``: a :class:`CostModel`, an artifact path, or ``"default"`` (the
+    updated model next to ``db_path`` if there is one for this fingerprint,
+    else the shipped artifact that fits this machine).
+    """
+    if isinstance(spec, CostModel):
+        save = updated_path(db_path, fingerprint, spec.kind) if db_path is not None else None
+        return spec, "given", save
+    if spec is None or str(spec) == "default":
+        if db_path is not None:
+            for kind in ("xgb", "gnn"):
+                p = updated_path(db_path, fingerprint, kind)
+                try:
+                    read_meta(p)
+                except Exception:
+                    continue
+                return load_model(p), str(p), p
+        model = load_model("default")
+        save = updated_path(db_path, fingerprint, model.kind) if db_path is not None else None
+        return model, "shipped default", save
+    model = load_model(spec)
+    save = updated_path(db_path, fingerprint, model.kind) if db_path is not None else None
+    if save is not None and Path(spec).absolute() == save:
+        return model, str(spec), save
+    return model, str(spec), save
+
+
+class Feedback:
+    def __init__(self, model: CostModel, save_to: Path | None, hw: HardwareDesc):
+        self.model = model
+        self.save_to = save_to
+        self.hw = hw
+        self.pairs: list[tuple[Any, Any]] = []
+        self.updates = 0
+        self.samples = 0
+
+    def add(self, pairs: Sequence[tuple[Any, Any]]) -> None:
+        self.pairs.extend(pairs)
+
+    def flush(self, family: str = "") -> dict[str, Any] | None:
+        """Updates and saves the model with what was added since the last flush; None when nothing valid was."""
+        data = Dataset.from_candidates(self.pairs, self.hw, family)
+        self.pairs = []
+        if not len(data):
+            return None
+        info = self.model.update(data)
+        self.updates += 1
+        self.samples += len(data)
+        if self.save_to is not None:
+            self.model.save(self.save_to)
+        return {**(info or {}), "saved_to": None if self.save_to is None else str(self.save_to)}

@@ -1,0 +1,141 @@
+"""Guided op-level search against exhaustive optima, with deterministic cost tables and fixture cost models."""
+
+import math
+import random
+
+import pytest
+
+from collage_ml.search.dp import solve
+from collage_ml.search.guided import GuidedConfig, guided_op_level, kendall_tau
+from tests.test_dp import all_candidates, boundary_fn, random_dag
+
+
+def true_costs(cands, seed):
+    """A cost per candidate: per-node work, a per-backend speed per op kind, and a random fusion discount."""
+    r = random.Random(seed)
+    node_cost = {}
+    speed = {}
+    out = []
+    for c in cands:
+        total = 0.0
+        for n in c.subgraph.nodes:
+            base = node_cost.setdefault(n.index, r.uniform(1, 10))
+            f = speed.setdefault((c.backend.name, n.op_type), r.uniform(0.5, 2.0))
+            total += base * f
+        discount = 1.0 - 0.15 * (len(c.subgraph) - 1) * r.random()
+        out.append(total * discount * 1e-6)
+    return out
+
+
+def run(graph, cands, truth, pred, sd, boundary, cfg=GuidedConfig()):
+    keys = list(range(len(cands)))
+    calls = []
+
+    def measure(idx):
+        calls.append(list(idx))
+        return {i: truth[i] for i in idx}
+
+    return guided_op_level(graph, cands, keys, pred, [sd] * len(cands), measure, boundary, cfg), calls
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_accurate_model_finds_the_optimum_measuring_little(seed):
+    graph = random_dag(10, seed)
+    cands = all_candidates(graph)
+    truth = true_costs(cands, seed)
+    bnd = boundary_fn(seed)
+    bnd_s = lambda a, b, n: bnd(a, b, n) * 1e-6  # noqa: E731
+    best = solve(graph, cands, truth, bnd_s)
+    r = random.Random(seed + 100)
+    pred = [t * math.exp(r.gauss(0, 0.05)) for t in truth]
+    res, calls = run(graph, cands, truth, pred, 0.05, bnd_s)
+    assert res.dp.cost == pytest.approx(best.cost, rel=1e-9)
+    assert not res.fell_back
+    # the chosen plan plus a little: far fewer than every candidate
+    assert res.new_measurements < 0.6 * len(cands), (res.new_measurements, len(cands))
+    assert res.pruned == len(cands) - res.new_measurements
+    # every candidate of the final plan was measured, and its cost is the measurement
+    for c, cost in zip(res.dp.choice, res.dp.per_candidate):
+        i = next(i for i, x in enumerate(cands) if x is c)
+        assert i in res.measured and cost == truth[i]
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_exact_model_measures_little_beyond_the_plan(seed):
+    graph = random_dag(10, seed)
+    cands = all_candidates(graph)
+    truth = true_costs(cands, seed)
+    bnd = lambda a, b, n: boundary_fn(seed)(a, b, n) * 1e-6  # noqa: E731
+    res, _ = run(graph, cands, truth, list(truth), 0.01, bnd)
+    assert res.dp.cost == pytest.approx(solve(graph, cands, truth, bnd).cost, rel=1e-9)
+    # the plan, the runner-up backend of each of its subgraphs (k=1), and a few the prior interval lets in
+    assert res.new_measurements <= 2 * len(res.dp.choice) + 6, res.new_measurements
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_inverted_model_still_finds_the_optimum(seed):
+    graph = random_dag(10, seed)
+    cands = all_candidates(graph)
+    truth = true_costs(cands, seed)
+    bnd = lambda a, b, n: boundary_fn(seed)(a, b, n) * 1e-6  # noqa: E731
+    best = solve(graph, cands, truth, bnd)
+    pred = [1e-10 / t for t in truth]  # confidently wrong: the fastest looks slowest
+    res, _ = run(graph, cands, truth, pred, 0.01, bnd)
+    assert res.dp.cost == pytest.approx(best.cost, rel=1e-9)
+    accurate, _ = run(graph, cands, truth, list(truth), 0.01, bnd)
+    assert res.new_measurements > accurate.new_measurements
+
+
+def test_inverted_model_triggers_the_fallback():
+    graph = random_dag(10, 3)
+    cands = all_candidates(graph)
+    truth = true_costs(cands, 3)
+    res, _ = run(graph, cands, truth, [1e-10 / t for t in truth], 0.01, lambda a, b, n: 0.0)
+    assert res.fell_back and res.tau is not None and res.tau < 0
+    assert res.pruned == 0
+
+
+def test_a_prediction_never_replaces_a_measurement_under_a_budget():
+    graph = random_dag(10, 1)
+    cands = all_candidates(graph)
+    truth = true_costs(cands, 1)
+    pred = [t * 0.5 for t in truth]
+    res, calls = run(graph, cands, truth, pred, 0.01, lambda a, b, n: 0.0, GuidedConfig(measure_budget=4))
+    assert res.new_measurements <= 4 and res.budget_hit
+    if res.dp is not None:
+        for c, cost in zip(res.dp.choice, res.dp.per_candidate):
+            i = next(i for i, x in enumerate(cands) if x is c)
+            assert res.measured[i] == cost
+
+
+def test_known_measurements_are_free_and_invalid_ones_are_avoided():
+    graph = random_dag(8, 2)
+    cands = all_candidates(graph)
+    truth = true_costs(cands, 2)
+    # the predicted-best candidate of every node set on backend A is invalid on the "hardware"
+    bad = {i for i, c in enumerate(cands) if c.backend.name == "fake-a"}
+    keys = list(range(len(cands)))
+
+    def measure(idx):
+        return {i: (None if i in bad else truth[i]) for i in idx}
+
+    pred = [t * (0.1 if i in bad else 1.0) for i, t in enumerate(truth)]
+    known = {i: truth[i] for i in range(0, len(cands), 7) if i not in bad}
+    res = guided_op_level(graph, cands, keys, pred, [0.01] * len(cands), measure, cfg=GuidedConfig(), known=known)
+    assert all(c.backend.name == "fake-b" for c in res.dp.choice)
+    only_b = [t if i not in bad else None for i, t in enumerate(truth)]
+    assert res.dp.cost == pytest.approx(solve(graph, cands, only_b).cost)
+    assert res.new_measurements == len([k for k in res.measured if k not in known])
+
+
+def test_config_is_checked():
+    with pytest.raises(ValueError, match="k must be"):
+        GuidedConfig(k=-1)
+    with pytest.raises(ValueError, match="measure_budget"):
+        GuidedConfig(measure_budget=-2)
+
+
+def test_kendall_tau():
+    assert kendall_tau([1, 2, 3], [10, 20, 30]) == 1.0
+    assert kendall_tau([1, 2, 3], [3, 2, 1]) == -1.0
+    assert kendall_tau([1], [1]) is None

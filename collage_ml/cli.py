@@ -60,7 +60,13 @@ def build_parser() -> argparse.ArgumentParser:
     pl = sub.add_parser("place", help="place a model's subgraphs on the fastest backends")
     pl.add_argument("model", help="a zoo name or an .onnx path")
     pl.add_argument("--backends", default=None, help="comma-separated backend names (default: the CPU default set)")
-    pl.add_argument("--mode", default="exhaustive", choices=["exhaustive"], help="search mode")
+    pl.add_argument("--mode", default="exhaustive", choices=["exhaustive", "guided"],
+                    help="exhaustive: measure every candidate (Collage); guided: the cost model picks what to measure")
+    pl.add_argument("--cost-model", default="default", metavar="ARTIFACT",
+                    help="guided mode's cost model: an artifact from `collage-ml train`, or 'default' (the model "
+                         "updated next to --db if any, else the shipped one for this machine)")
+    pl.add_argument("--measure-budget", type=_positive_int, default=None, metavar="N",
+                    help="guided mode: measure at most N new candidates")
     pl.add_argument("--db", default=None, metavar="PATH", help="measurement database (default: per-user)")
     pl.add_argument("--out", default=None, metavar="DIR", help="save the placed model here")
     pl.add_argument("--report", default=None, metavar="FILE.json", help="write the JSON report here")
@@ -92,6 +98,9 @@ def build_parser() -> argparse.ArgumentParser:
     from collage_ml.collector import add_parser as add_collect_parser
 
     add_collect_parser(sub)
+    from collage_ml.models.cli import add_parser as add_model_parsers
+
+    add_model_parsers(sub)
     return p
 
 
@@ -155,12 +164,15 @@ def _cmd_place(args) -> int:
         input_shapes=dict(args.input_shape) or None, max_region_size=args.max_region_size, threads=args.threads,
         progress=not args.no_progress, log=lambda s: console.print(f"[dim]{s}[/]"),
         graph_level=not args.no_graph_level, evo_config=EvoConfig(generations=args.generations),
+        **({"cost_model": args.cost_model, "measure_budget": args.measure_budget} if args.mode == "guided" else {}),
     )
     rep = pm.report
     rows = []
+    predicted = rep.get("baselines_predicted_ms") or {}
     for name, native in rep["baselines_ms"].items():
         e2e = rep["baselines_e2e_ms"].get(name)
-        rows.append((f"all on {name}", _ms(native), _ms(e2e), _ratio(e2e, rep["plan_latency_ms"])))
+        shown = _ms(native) if native is not None or name not in predicted else f"~{predicted[name]:.3f} (predicted)"
+        rows.append((f"all on {name}", shown, _ms(e2e), _ratio(e2e, rep["plan_latency_ms"])))
     rows.append((f"placed ({rep['chosen']}, {len(rep['partitions'])} partitions)", "", _ms(rep["plan_latency_ms"]), "1.00x"))
     _table(f"{rep['model']} on {rep['hardware']} ({rep['threads']} threads)",
            ["plan", "native ms", "end-to-end ms", "speed-up of placed"], rows)
@@ -168,6 +180,12 @@ def _cmd_place(args) -> int:
           f"({rep['generations']} generations, {rep['e2e_measurements']} end-to-end measurements)")
     print(f"measurements: {rep['measurements']} new, {rep['cache_hits']} cache hits, {rep['candidates']} candidates; "
           f"search {rep['search_seconds']:.1f} s; max abs error {rep['max_abs_error']:.3g}")
+    if rep["mode"] == "guided":
+        g = rep["guided"]
+        print(f"guided ({rep['cost_model']}): {rep['predicted_candidates']} predicted, {rep['pruned']} pruned "
+              f"(never measured), {g['rounds']} re-plans, {rep['model_updates']} model update(s)"
+              + (" - the model disagreed with the measurements, so every candidate was measured"
+                 if g["fell_back_to_exhaustive"] else ""))
     if args.report:
         from pathlib import Path
 
@@ -247,7 +265,13 @@ def _cmd_collect(args) -> int:
     return run(args)
 
 
-COMMANDS = {"collect": _cmd_collect, "place": _cmd_place, "zoo": _cmd_zoo, "inspect": _cmd_inspect, "backends": _cmd_backends, "db": _cmd_db}
+def _cmd_models(args) -> int:
+    from collage_ml.models.cli import run
+
+    return run(args)
+
+
+COMMANDS = {"collect": _cmd_collect, "train": _cmd_models, "eval": _cmd_models, "place": _cmd_place, "zoo": _cmd_zoo, "inspect": _cmd_inspect, "backends": _cmd_backends, "db": _cmd_db}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

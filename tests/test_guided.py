@@ -48,8 +48,12 @@ def test_accurate_model_finds_the_optimum_measuring_little(seed):
     best = solve(graph, cands, truth, bnd_s)
     r = random.Random(seed + 100)
     pred = [t * math.exp(r.gauss(0, 0.05)) for t in truth]
-    res, calls = run(graph, cands, truth, pred, 0.05, bnd_s)
+    # optimism=1: unmeasured candidates are priced at the lower end of their interval -> the exact optimum
+    res, calls = run(graph, cands, truth, pred, 0.05, bnd_s, GuidedConfig(optimism=1.0))
     assert res.dp.cost == pytest.approx(best.cost, rel=1e-9)
+    # the default trusts the calibrated means: near the optimum, fewer measurements
+    fast, _ = run(graph, cands, truth, pred, 0.05, bnd_s)
+    assert fast.dp.cost <= best.cost * 1.10 and fast.new_measurements <= res.new_measurements
     assert not res.fell_back
     # the chosen plan plus a little: far fewer than every candidate
     assert res.new_measurements < 0.6 * len(cands), (res.new_measurements, len(cands))

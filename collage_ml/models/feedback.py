@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from collage_ml.featurize.hardware import HardwareDesc
-from collage_ml.models.base import CostModel, load_model, read_meta
+from collage_ml.models.base import KINDS, CostModel, load_model, read_meta
 from collage_ml.models.dataset import Dataset
 
 
@@ -35,7 +35,7 @@ def resolve_cost_model(spec: Any, db_path: str | Path | None, fingerprint: str) 
         return spec, "given", save
     if spec is None or str(spec) == "default":
         if db_path is not None:
-            for kind in ("xgb", "gnn"):
+            for kind in KINDS:
                 p = updated_path(db_path, fingerprint, kind)
                 try:
                     read_meta(p)
@@ -47,8 +47,6 @@ def resolve_cost_model(spec: Any, db_path: str | Path | None, fingerprint: str) 
         return model, "shipped default", save
     model = load_model(spec)
     save = updated_path(db_path, fingerprint, model.kind) if db_path is not None else None
-    if save is not None and Path(spec).absolute() == save:
-        return model, str(spec), save
     return model, str(spec), save
 
 

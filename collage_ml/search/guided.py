@@ -10,16 +10,20 @@ mode would measure in full:
    90th percentile of the absolute de-biased residuals is a spread added (in
    quadrature) to the model's own uncertainty. Before ``min_calibration``
    measurements exist, ``prior_spread`` stands in for it.
-3. **Optimistic re-planning.** The DP runs with measured costs where they
-   exist and, elsewhere, the lower end of the calibrated interval
-   (``mean * exp(bias - z * spread)``). Its plan's unmeasured candidates are
-   measured, together with, for each such subgraph, its predicted top-``k``
-   backends and every backend whose interval overlaps the chosen one's (the
-   decision the cost model is least sure of). Then the DP runs again.
-4. It stops when the chosen plan contains only measured candidates. If the
-   lower bounds hold, that plan is optimal for the measured table: every other
-   plan's optimistic cost is already no better. A prediction never stands in
-   for a measurement in the final plan.
+3. **Re-planning.** The DP runs with measured costs where they exist and,
+   elsewhere, the calibrated prediction lowered by ``optimism`` standard
+   deviations (``mean * exp(bias - optimism * sd)``). Its plan's unmeasured
+   candidates are measured, together with, for each such subgraph, its
+   predicted top-``k`` other backends and every backend whose interval
+   (``z`` standard deviations) overlaps the chosen one's: the decision the
+   cost model is least sure of. Then the DP runs again.
+4. It stops when the chosen plan contains only measured candidates. A
+   prediction never stands in for a measurement in the final plan. With
+   ``optimism`` large enough that the lowered predictions are true lower
+   bounds, the plan is optimal for the measured table (every other plan's
+   optimistic cost is already no better); ``optimism=0`` trusts the
+   calibrated means, which measures far less on large graphs, where the sum
+   of many per-candidate lower bounds is much looser than the bound of a sum.
 
 **Safety.** If the model ranks this run's measurements badly (Kendall's tau
 below ``min_tau`` once ``min_calibration`` candidates are measured), the loop
@@ -50,7 +54,8 @@ class GuidedConfig:
     """Knobs of the guided loop; the defaults come from ``benchmarks/guided_vs_exhaustive.py``."""
 
     k: int = 1  # predicted-best backends measured per chosen subgraph (besides the chosen one)
-    z: float = 1.0  # interval half-width, in calibrated log-space standard deviations
+    z: float = 1.0  # interval half-width for the backend-overlap rule, in calibrated log-space standard deviations
+    optimism: float = 0.0  # how far below the calibrated mean the DP prices unmeasured candidates, in the same units
     prior_spread: float = 0.2  # log-space spread used before calibration (0.2 = a factor of 1.22)
     min_calibration: int = 5  # measurements needed before calibrating and judging the model
     min_tau: float = 0.2  # below this rank agreement with the measurements, fall back to exhaustive
@@ -61,6 +66,8 @@ class GuidedConfig:
             raise ValueError(f"k must be >= 0, got {self.k}")
         if not self.z >= 0:
             raise ValueError(f"z must be >= 0, got {self.z}")
+        if not self.optimism >= 0:
+            raise ValueError(f"optimism must be >= 0, got {self.optimism}")
         if self.measure_budget is not None and self.measure_budget < 0:
             raise ValueError(f"measure_budget must be >= 0 or None, got {self.measure_budget}")
 
@@ -126,9 +133,9 @@ class Calibration:
     def sd(self, model_sd: float) -> float:
         return math.sqrt(model_sd**2 + self.spread**2)
 
-    def bounds(self, backend: str, mean: float, model_sd: float) -> tuple[float, float]:
+    def bounds(self, backend: str, mean: float, model_sd: float, z: float | None = None) -> tuple[float, float]:
         m = self.adjusted(backend, mean)
-        f = math.exp(self.cfg.z * self.sd(model_sd))
+        f = math.exp((self.cfg.z if z is None else z) * self.sd(model_sd))
         return m / f, m * f
 
 
@@ -204,7 +211,7 @@ def guided_op_level(
         k = keys[i]
         if k in measured:
             return measured[k]
-        return cal.bounds(cands[i].backend.name, float(pred_mean[i]), float(pred_sd[i]))[0]
+        return cal.bounds(cands[i].backend.name, float(pred_mean[i]), float(pred_sd[i]), cfg.optimism)[0]
 
     while True:
         recalibrate()
@@ -387,7 +394,7 @@ class GuidedSession:
             "kendall_tau": r.tau,
             "bias": r.bias,
             "spread": r.spread,
-            "config": {k: getattr(self.cfg, k) for k in ("k", "z", "prior_spread", "min_calibration", "min_tau",
+            "config": {k: getattr(self.cfg, k) for k in ("k", "z", "optimism", "prior_spread", "min_calibration", "min_tau",
                                                           "measure_budget")},
             "whole_model_plans_skipped": self.e2e_skipped,
         }

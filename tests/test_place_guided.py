@@ -1,0 +1,65 @@
+"""Guided placement end to end: real backends and database, a fixture cost model, the feedback loop."""
+
+import pytest
+
+import collage_ml
+from collage_ml.db import Database
+from collage_ml.models import base as models_base
+from collage_ml.search.evolutionary import EvoConfig
+from tests.fake_cost_models import FlopsFixtureModel
+from tests.test_place import FAST
+
+EVO = EvoConfig(generations=1, measure_per_generation=2, random_seeds=1)
+
+
+@pytest.fixture
+def fixture_kind(monkeypatch):
+    monkeypatch.setitem(models_base.KINDS, "fixture", "tests.fake_cost_models:FlopsFixtureModel")
+
+
+def test_guided_place_prunes_feeds_back_and_matches(tmp_path, fixture_kind):
+    db = tmp_path / "m.db"
+    model = FlopsFixtureModel()
+    pm = collage_ml.place("resnet50-tiny", backends="onnxruntime,openvino", mode="guided", db=db,
+                          cost_model=model, max_region_size=2, timing=FAST, evo_config=EVO)
+    rep = pm.report
+    assert rep["mode"] == "guided" and rep["outputs_match"], rep.get("mismatch")
+    assert rep["predicted_candidates"] >= rep["distinct_candidates"]
+    assert rep["pruned"] > 0 and rep["measurements"] > 0
+    assert rep["measurements"] + rep["pruned"] <= rep["distinct_candidates"]
+    # every measurement went to the database and to the model, and the model was saved next to the DB
+    with Database(db) as d:
+        stored = d.count(valid=None) - sum(1 for m in d.measurements() if m.key.subgraph_hash.startswith("boundary"))
+    assert rep["model_updates"] == 1
+    assert len(model.seen) > 0
+    assert len(model.seen) <= rep["measurements"]
+    saved = tmp_path / "cost-models"
+    arts = list(saved.iterdir())
+    assert len(arts) == 1 and arts[0].name.endswith("-fixture") and rep["model_saved_to"] == str(arts[0])
+    assert stored >= rep["measurements"]
+    # the chosen plan is the fastest measured end to end, and every partition of it was measured
+    e2e = {k: v for k, v in rep["plans_e2e_ms"].items() if v is not None}
+    assert rep["plan_latency_ms"] == pytest.approx(min(e2e.values()))
+
+    # the next run with cost_model="default" picks up the updated model next to the DB, and hits the cache
+    again = collage_ml.place("resnet50-tiny", backends="onnxruntime,openvino", mode="guided", db=db,
+                             max_region_size=2, timing=FAST, evo_config=EVO)
+    assert again.report["cost_model"] == str(arts[0])
+    assert again.report["measurements"] == 0 and again.report["cache_hits"] > 0
+    assert again.report["outputs_match"]
+
+
+def test_guided_with_an_inverted_model_still_matches(tmp_path, fixture_kind):
+    pm = collage_ml.place("dcgan-tiny", backends="onnxruntime,torch", mode="guided", db=tmp_path / "m.db",
+                          cost_model=FlopsFixtureModel(invert=True, sd=0.05), max_region_size=2, timing=FAST,
+                          evo_config=EVO)
+    assert pm.report["outputs_match"]
+    assert pm.report["measurements"] > 0
+
+
+def test_guided_errors(tmp_path):
+    with pytest.raises(collage_ml.errors.CollageError, match="no cost-model artifact"):
+        collage_ml.place("dcgan-tiny", backends="onnxruntime", mode="guided", db=tmp_path / "m.db",
+                         cost_model=tmp_path / "nope", timing=FAST)
+    with pytest.raises(collage_ml.errors.CollageError, match="unknown mode"):
+        collage_ml.place("dcgan-tiny", backends="onnxruntime", mode="fast", db=tmp_path / "m.db")

@@ -240,9 +240,13 @@ class PlacedModel:
         self.report: dict[str, Any] = {}
         order = plan.execution_order(graph)
         self._steps: list[tuple[Executable, tuple[str, ...], tuple[str, ...]]] = []
+        from collage_ml.backends.onnxruntime_backend import check_pool_compatible
+
+        backends = {k: _backend_of(plan.partitions[k]) for k in order}
+        check_pool_compatible(list(backends.values()))  # ORT's shared and own pools cannot meet in one process
         for k in order:
             p = plan.partitions[k]
-            backend = _backend_of(p)
+            backend = backends[k]
             exe = backend.compile(graph.subgraph(p.mask), threads=threads)
             self._steps.append((exe, tuple(exe.input_names), tuple(exe.output_names)))
         # free each intermediate after its last use

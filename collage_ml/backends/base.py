@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import abc
 import importlib.metadata
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -46,11 +46,18 @@ class Executable(abc.ABC):
 
 
 class Backend(abc.ABC):
-    """One backend: an implementation (plus, later, a configuration) that compiles subgraphs.
+    """One backend: an implementation plus a configuration, that compiles subgraphs.
 
     Subclasses set ``name``, ``device`` (``"cpu"`` or ``"cuda"``),
     ``install_hint`` and ``patterns``, and implement :meth:`supports`,
     :meth:`compile` and :meth:`_version`.
+
+    A backend with configurations declares its grid in :attr:`CONFIGS` (key ->
+    allowed values, the first one the default) and implements :meth:`options`
+    and :meth:`from_options`. A configured backend is named
+    ``base[key=value,...]`` (see :func:`parse_backend_name`); its ``name``
+    lists the keys that differ from the defaults, so the all-defaults
+    configuration keeps the plain name.
     """
 
     name: str = ""
@@ -58,6 +65,8 @@ class Backend(abc.ABC):
     install_hint: str = ""
     #: the packages whose versions go into measurement keys (besides the backend's own version)
     packages: tuple[str, ...] = ()
+    #: the declared configuration grid: key -> allowed values (canonical spelling), the first the default
+    CONFIGS: dict[str, tuple[str, ...]] = {}
 
     def __init__(self, **config: object) -> None:
         #: constructor arguments; with the class they rebuild this backend in a worker process
@@ -68,6 +77,29 @@ class Backend(abc.ABC):
     def spec(self) -> tuple[str, str, dict]:
         """(module, class name, config): how a worker process rebuilds this backend."""
         return (type(self).__module__, type(self).__qualname__, dict(self.config))
+
+    # -- configurations ----------------------------------------------------------------
+    def options(self) -> dict[str, str]:
+        """This backend's configuration, one canonical value per :attr:`CONFIGS` key."""
+        return {}
+
+    @classmethod
+    def from_options(cls, options: dict[str, str]) -> "Backend":
+        """A backend of this class with ``options`` (complete and canonical: every CONFIGS key)."""
+        raise BackendError(f"backend {cls.name!r} has no configurations")
+
+    def base_name(self) -> str:
+        """The name without the configuration: ``onnxruntime[spin=on]`` -> ``onnxruntime``."""
+        return self.name.split("[", 1)[0]
+
+    def configured(self, options: Mapping[str, object]) -> "Backend":
+        """This backend with ``options`` changed (others keep this backend's values); validated."""
+        base = self.base_name()
+        if not type(self).CONFIGS:
+            raise BackendError(f"backend {base!r} has no configurations; use the plain name {base!r}")
+        full = dict(self.options())
+        full.update(normalise_options(base, type(self).CONFIGS, options))
+        return type(self).from_options(full)
 
     # -- availability ------------------------------------------------------------------
     def _probe(self) -> None:
@@ -169,7 +201,8 @@ def register_backend(name: str, factory: Callable[[], Backend] | None = None):
 
     def deco(f: Callable[[], Backend]):
         _FACTORIES[name] = f
-        _INSTANCES.pop(name, None)
+        for k in [k for k in _INSTANCES if k == name or k.startswith(name + "[")]:
+            del _INSTANCES[k]
         return f
 
     return deco(factory) if factory is not None else deco
@@ -209,17 +242,128 @@ def registered() -> list[str]:
 
 
 def get_backend(name: str) -> Backend:
-    """The backend registered as ``name`` (it may be unavailable: check ``available()``)."""
-    names = registered()
-    if name not in _INSTANCES:
-        if name not in _FACTORIES:
-            import difflib
+    """The backend registered as ``name`` (it may be unavailable: check ``available()``).
 
-            close = difflib.get_close_matches(name, names, n=3)
-            hint = f"; did you mean {', '.join(close)}?" if close else ""
-            raise BackendError(f"unknown backend {name!r}; registered: {', '.join(names)}{hint}")
-        _INSTANCES[name] = _FACTORIES[name]()
-    return _INSTANCES[name]
+    ``name`` may carry a configuration, ``base[key=value,...]``: the result is
+    ``base`` configured so, named canonically (``get_backend("onnxruntime[spin=1]").name
+    == "onnxruntime[spin=on]"``); the all-defaults configuration is the plain backend.
+    """
+    if name in _INSTANCES:
+        return _INSTANCES[name]
+    names = registered()
+    base, options = parse_backend_name(name)
+    if base not in _FACTORIES:
+        import difflib
+
+        close = difflib.get_close_matches(base, names, n=3)
+        hint = f"; did you mean {', '.join(close)}?" if close else ""
+        raise BackendError(f"unknown backend {base!r}; registered: {', '.join(names)}{hint}")
+    if base not in _INSTANCES:
+        _INSTANCES[base] = _FACTORIES[base]()
+    plain = _INSTANCES[base]
+    if base == name:
+        return plain
+    b = plain.configured(options)
+    if b.name == plain.name:  # all defaults: the plain backend itself
+        b = plain
+    b = _INSTANCES.setdefault(b.name, b)
+    _INSTANCES[name] = b
+    return b
+
+
+# -- configured names: base[key=value,...] ----------------------------------------------------
+_TRUE = ("on", "true", "1", "yes")
+_FALSE = ("off", "false", "0", "no")
+
+
+def parse_backend_name(name: str) -> tuple[str, dict[str, str]]:
+    """``"onnxruntime[spin=on, opt=basic]"`` -> ``("onnxruntime", {"spin": "on", "opt": "basic"})``.
+
+    Values are returned as written (stripped); :func:`normalise_options` validates them.
+    """
+    text = name.strip()
+    if "[" not in text and "]" not in text:
+        if not text:
+            raise BackendError("empty backend name")
+        return text, {}
+    base, sep, rest = text.partition("[")
+    base = base.strip()
+    if not base or not sep or not rest.endswith("]") or "[" in rest or "]" in rest[:-1]:
+        raise BackendError(f"malformed backend name {name!r}; expected base[key=value,...], e.g. onnxruntime[spin=on]")
+    options: dict[str, str] = {}
+    body = rest[:-1].strip()
+    for item in body.split(",") if body else []:
+        key, eq, value = item.partition("=")
+        key, value = key.strip().lower(), value.strip()
+        if not eq or not key or not value:
+            raise BackendError(f"malformed option {item.strip()!r} in backend name {name!r}; expected key=value")
+        if key in options:
+            raise BackendError(f"option {key!r} given twice in backend name {name!r}")
+        options[key] = value
+    return base, options
+
+
+def _normalise_value(value: object, allowed: Sequence[str]) -> str:
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    v = str(value).strip().lower()
+    if set(allowed) <= {"on", "off"}:  # a switch: true/1/yes are on, false/0/no are off
+        return "on" if v in _TRUE else "off" if v in _FALSE else v
+    try:
+        return str(int(v))  # 02 -> 2
+    except ValueError:
+        return v
+
+
+def normalise_options(base: str, grid: Mapping[str, Sequence[str]], options: Mapping[str, object]) -> dict[str, str]:
+    """Canonical values for ``options`` (booleans as on/off, numbers without padding), checked against ``grid``.
+
+    Raises BackendError naming the declared grid for an unknown key or value.
+    """
+    out = {}
+    for key, value in options.items():
+        k = str(key).strip().lower()
+        if k not in grid:
+            raise BackendError(f"{base} has no option {k!r}; its declared grid is {grid_text(base, grid)}")
+        v = _normalise_value(value, grid[k])
+        if v not in grid[k]:
+            raise BackendError(f"{base}: {k}={value} is not in the declared grid {grid_text(base, grid)}")
+        out[k] = v
+    return out
+
+
+def grid_text(base: str, grid: Mapping[str, Sequence[str]]) -> str:
+    """``onnxruntime[opt=all|basic, spin=off|on]`` (defaults first)."""
+    return f"{base}[" + ", ".join(f"{k}={'|'.join(v)}" for k, v in sorted(grid.items())) + "]"
+
+
+def configured_name(base: str, grid: Mapping[str, Sequence[str]], options: Mapping[str, str]) -> str:
+    """The canonical name: ``base`` plus the options that differ from the grid's defaults, keys sorted."""
+    diff = {k: v for k, v in options.items() if not (k in grid and grid[k] and grid[k][0] == v)}
+    if not diff:
+        return base
+    return f"{base}[" + ",".join(f"{k}={diff[k]}" for k in sorted(diff)) + "]"
+
+
+def split_backend_names(names: str) -> list[str]:
+    """Splits a comma-separated list at top-level commas only (not inside ``[...]``)."""
+    out, depth, cur = [], 0, []
+    for ch in names:
+        if ch == "[":
+            depth += 1
+        elif ch == "]":
+            depth -= 1
+            if depth < 0:
+                raise BackendError(f"unbalanced ']' in backend list {names!r}")
+        if ch == "," and depth == 0:
+            out.append("".join(cur))
+            cur = []
+        else:
+            cur.append(ch)
+    if depth:
+        raise BackendError(f"unbalanced '[' in backend list {names!r}")
+    out.append("".join(cur))
+    return [n.strip() for n in out if n.strip()]
 
 
 def all_backends() -> list[Backend]:
@@ -238,12 +382,15 @@ def default_backends(device: str = "cpu") -> list[Backend]:
 def resolve_backends(names: Iterable[str] | str | None) -> list[Backend]:
     """Backends by name (a comma-separated string or a list); None gives the defaults.
 
+    Names may carry configurations (``onnxruntime[spin=on,opt=basic],openvino``): the
+    string is split at top-level commas only.
+
     An unknown or unavailable backend named explicitly is an error.
     """
     if names is None:
         return default_backends()
     if isinstance(names, str):
-        names = [n.strip() for n in names.split(",") if n.strip()]
+        names = split_backend_names(names)
     out = []
     for n in names:
         b = get_backend(n)

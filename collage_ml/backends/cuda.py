@@ -132,7 +132,7 @@ class OrtProviderBackend(OnnxRuntimeBackend):
         try:
             sess = make_session(
                 sg.to_onnx().SerializeToString(), threads, self.spin, self.opt_level,
-                providers=[self.provider, "CPUExecutionProvider"],
+                providers=[self.provider, "CPUExecutionProvider"], pool=getattr(self, "pool", "own"),
             )
         except Exception as e:
             raise BackendError(f"{self.name} could not compile {sg}: {first_line(e)}") from None

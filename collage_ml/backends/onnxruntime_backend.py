@@ -5,15 +5,52 @@ off by default: with spinning on, a chain of sessions each leaves its workers
 spinning for ~40 ms after a call, which slows the next partition (15 segment
 sessions took 30.5 ms against a 1.75 ms sum, STACK-NOTES.md). ``spin=True``
 gives the single-session configuration ORT uses by default.
+
+Configurations (:attr:`OnnxRuntimeBackend.CONFIGS`, defaults first)::
+
+    onnxruntime[spin=off|on, opt=all|extended|basic|none, pool=own|shared]
+
+- ``spin``: whether the intra-op pool's idle workers spin before sleeping
+  (``session.intra_op.allow_spinning`` / ``inter_op``).
+- ``opt``: the graph optimisation level. ``extended`` is ``all`` without the
+  layout transformers: convolutions stay NCHW (``FusedConv``) instead of
+  NCHWc blocked ``nchwc.Conv`` with reorders at the edges; ``basic`` keeps only
+  constant folding and redundant-node elimination, ``none`` runs the graph as
+  written. (ORT's ``ORT_ENABLE_LAYOUT`` level optimises exactly like ``all``
+  on the CPU provider in 1.32, so it is not declared.)
+- ``pool``: ``own`` gives each session its own intra-op pool of ``threads``
+  threads. ``shared`` makes every session of the process use ONNX Runtime's
+  one global pool (``onnxruntime.set_global_thread_pool_sizes`` plus
+  ``SessionOptions.use_per_session_threads = False``), so the partitions of a
+  placed model (whatever their ``opt``) share ``threads`` threads instead of
+  owning ``threads - 1`` workers each.
+
+The rules of the global pool, as onnxruntime 1.32's Python API has them
+(tests/test_backend_configs.py checks each one):
+
+- it is created once per process (a second ``set_global_thread_pool_sizes``
+  fails), so its size is the ``threads`` of the first ``pool=shared`` compile;
+  a later compile with another thread count raises :class:`BackendError`;
+- its spinning cannot be set from Python: it always spins, whatever the
+  session's ``allow_spinning``. So ``pool=shared`` is only declared with
+  ``spin=on``, and ``onnxruntime[pool=shared]`` (spin off) is refused;
+- once it exists, onnxruntime refuses every new session with its own pool
+  ("use_per_session_threads must be false when using a global thread pool"),
+  ours and anybody's (``Graph.reference`` included, unless it passes its
+  options through :func:`fit_session_options`); sessions created before
+  keep working. So a process that compiled a ``pool=shared`` configuration
+  can no longer compile a ``pool=own`` one: that raises :class:`BackendError`
+  up front, and a plan must not mix the two (:func:`check_pool_compatible`).
+  Backends that change process-wide state say so in :attr:`OnnxRuntimeBackend.process_group`.
 """
 
 from __future__ import annotations
 
+import threading
 from typing import Any, Sequence
 
-import numpy as np
 
-from collage_ml.backends.base import Backend, Executable, register_backend, to_numpy
+from collage_ml.backends.base import Backend, Executable, configured_name, register_backend, to_numpy
 from collage_ml.backends.patterns import RegionPattern
 from collage_ml.errors import BackendError, first_line
 from collage_ml.ir.graph import Graph, Node, SubGraph
@@ -37,12 +74,69 @@ class OrtExecutable(Executable):
         self.session = None
 
 
-def make_session(model_bytes: bytes, threads: int, spin: bool, opt_level: str = "all", providers=None):
+#: ORT_ENABLE_LAYOUT is left out: in 1.32 it optimises exactly as ORT_ENABLE_ALL on the CPU provider
+OPT_LEVELS = ("all", "extended", "basic", "none")
+
+#: threads of this process's ONNX Runtime global pool once a ``pool=shared`` session created it, else None
+_GLOBAL_POOL: dict[str, int | None] = {"threads": None}
+_GLOBAL_POOL_LOCK = threading.Lock()
+
+
+def global_pool_threads() -> int | None:
+    """The intra-op size of the global pool this process made for ``pool=shared`` sessions, or None."""
+    return _GLOBAL_POOL["threads"]
+
+
+def fit_session_options(so) -> Any:
+    """Makes ``so`` (an ``onnxruntime.SessionOptions``) acceptable in this process: once the global pool
+    exists, a session must use it. For code outside the backend that makes sessions (reference runs)."""
+    if _GLOBAL_POOL["threads"] is not None:
+        so.use_per_session_threads = False
+    return so
+
+
+def ensure_global_pool(threads: int) -> None:
+    """Creates the process's global ORT pool with ``threads`` intra-op threads, once; checks the size after."""
     import onnxruntime as ort
 
+    with _GLOBAL_POOL_LOCK:
+        have = _GLOBAL_POOL["threads"]
+        if have is None:
+            try:
+                # inter-op: 1 (sessions run sequentially, so the inter-op pool is never used)
+                ort.set_global_thread_pool_sizes(int(threads), 1)
+            except Exception as e:  # created by someone else in this process: size unknown
+                raise BackendError(
+                    f"onnxruntime's global thread pool was already created outside collage-ml ({first_line(e)}); "
+                    "pool=shared needs collage-ml to create it"
+                ) from None
+            _GLOBAL_POOL["threads"] = int(threads)
+        elif have != int(threads):
+            raise BackendError(
+                f"this process's shared onnxruntime pool has {have} threads; a pool=shared session cannot use "
+                f"{threads} (the global pool is created once per process)"
+            )
+
+
+def make_session(model_bytes: bytes, threads: int, spin: bool, opt_level: str = "all", providers=None,
+                 pool: str = "own"):
+    import onnxruntime as ort
+
+    if pool == "shared":
+        ensure_global_pool(threads)
+    elif _GLOBAL_POOL["threads"] is not None:
+        raise BackendError(
+            "this process uses onnxruntime's global thread pool (a pool=shared configuration ran here), and "
+            "onnxruntime then refuses sessions with their own pool: run pool=own configurations in another process"
+        )
     so = ort.SessionOptions()
-    so.intra_op_num_threads = threads
-    so.inter_op_num_threads = 1
+    if pool == "shared":
+        so.use_per_session_threads = False  # the pool's size and spinning are the global pool's
+    else:
+        so.intra_op_num_threads = threads
+        so.inter_op_num_threads = 1
+        so.add_session_config_entry("session.intra_op.allow_spinning", "1" if spin else "0")
+        so.add_session_config_entry("session.inter_op.allow_spinning", "1" if spin else "0")
     so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     so.graph_optimization_level = {
         "none": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
@@ -50,10 +144,19 @@ def make_session(model_bytes: bytes, threads: int, spin: bool, opt_level: str = 
         "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
         "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
     }[opt_level]
-    so.add_session_config_entry("session.intra_op.allow_spinning", "1" if spin else "0")
-    so.add_session_config_entry("session.inter_op.allow_spinning", "1" if spin else "0")
     so.log_severity_level = 3
     return ort.InferenceSession(model_bytes, so, providers=providers or ["CPUExecutionProvider"])
+
+
+def check_pool_compatible(backends: Sequence[Backend]) -> None:
+    """Raises BackendError when ``backends`` (e.g. a plan's) mix ORT ``pool=shared`` and ``pool=own``
+    configurations, which cannot run in one process (see the module docstring)."""
+    pools = {getattr(b, "pool", None) for b in backends if isinstance(b, OnnxRuntimeBackend)}
+    if {"own", "shared"} <= pools:
+        names = sorted({b.name for b in backends if isinstance(b, OnnxRuntimeBackend)})
+        raise BackendError(
+            f"onnxruntime configurations with pool=shared and pool=own cannot run in one process: {', '.join(names)}"
+        )
 
 
 @register_backend("onnxruntime")
@@ -62,12 +165,48 @@ class OnnxRuntimeBackend(Backend):
     device = "cpu"
     install_hint = "pip install onnxruntime==1.32.0"
     packages = ("onnxruntime",)
+    CONFIGS = {
+        "spin": ("off", "on"),
+        "opt": OPT_LEVELS,
+        "pool": ("own", "shared"),
+    }
 
-    def __init__(self, spin: bool = False, opt_level: str = "all"):
-        super().__init__(spin=spin, opt_level=opt_level)
-        self.spin = spin
+    def __init__(self, spin: bool = False, opt_level: str = "all", pool: str = "own"):
+        # pool goes into the config only when it is not the default, so subclasses whose
+        # constructors predate it (and specs stored in old plans) still rebuild
+        cfg: dict = {"spin": spin, "opt_level": opt_level}
+        if pool != "own":
+            cfg["pool"] = pool
+        super().__init__(**cfg)
+        if opt_level not in OPT_LEVELS:
+            raise BackendError(f"onnxruntime: opt={opt_level} is not one of {'|'.join(OPT_LEVELS)}")
+        if pool not in self.CONFIGS["pool"]:
+            raise BackendError(f"onnxruntime: pool={pool} is not one of own|shared")
+        if pool == "shared" and not spin:
+            raise BackendError(
+                "onnxruntime[pool=shared] needs spin=on: onnxruntime's global pool always spins (its Python API "
+                "cannot turn spinning off), so name it onnxruntime[pool=shared,spin=on]"
+            )
+        self.spin = bool(spin)
         self.opt_level = opt_level
+        self.pool = pool
+        cname = configured_name(type(self).name, self.CONFIGS, self.options())
+        if cname != type(self).name:  # the all-defaults configuration keeps the class's name
+            self.name = cname
         self._patterns = (RegionPattern("onnxruntime-region", max_size=16),)
+
+    def options(self) -> dict[str, str]:
+        return {"spin": "on" if self.spin else "off", "opt": self.opt_level, "pool": self.pool}
+
+    @classmethod
+    def from_options(cls, options: dict[str, str]) -> "OnnxRuntimeBackend":
+        return cls(spin=options["spin"] == "on", opt_level=options["opt"], pool=options["pool"])
+
+    @property
+    def process_group(self) -> str | None:
+        """Not None when compiling this backend changes process-wide state that other
+        configurations cannot live with: measure (and run) each group in its own process."""
+        return "onnxruntime-global-pool" if self.pool == "shared" else None
 
     def _probe(self) -> None:
         import onnxruntime  # noqa: F401
@@ -75,7 +214,8 @@ class OnnxRuntimeBackend(Backend):
     def _version(self) -> str:
         import onnxruntime as ort
 
-        return f"{ort.__version__}+spin{int(self.spin)}-{self.opt_level}"
+        v = f"{ort.__version__}+spin{int(self.spin)}-{self.opt_level}"
+        return v + "-poolshared" if self.pool == "shared" else v
 
     @property
     def patterns(self):
@@ -86,8 +226,11 @@ class OnnxRuntimeBackend(Backend):
 
     def compile(self, sg: SubGraph, threads: int = 1) -> Executable:
         self.require()
+        model = sg.to_onnx().SerializeToString()
         try:
-            sess = make_session(sg.to_onnx().SerializeToString(), threads, self.spin, self.opt_level)
+            sess = make_session(model, threads, self.spin, self.opt_level, pool=self.pool)
+        except BackendError:
+            raise
         except Exception as e:
             raise BackendError(f"onnxruntime could not compile {sg}: {first_line(e)}") from None
         return OrtExecutable(sess, sg.inputs, sg.outputs)

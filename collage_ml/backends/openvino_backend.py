@@ -4,6 +4,19 @@ Compiled with ``PERFORMANCE_HINT=LATENCY``, one stream, ``threads`` inference
 threads and f32 precision (so bf16-capable CPUs do not change the numbers).
 OpenVINO converts its blocked layouts back to NCHW at every output, so it is
 measured on regions rather than single nodes (STACK-NOTES.md).
+
+Configurations (:attr:`OpenVinoBackend.CONFIGS`, defaults first)::
+
+    openvino[hint=latency|throughput, streams=1|2|auto, pin=on|off]
+
+- ``hint``: ``PERFORMANCE_HINT``. An explicit ``streams`` overrides the
+  stream count the hint would pick, so ``hint=throughput`` matters mostly
+  with ``streams=auto`` (on 2 cores it then picks 2 streams).
+- ``streams``: ``NUM_STREAMS``; ``auto`` leaves it to the hint. A single
+  synchronous request runs on one stream, so with 2 streams it gets
+  ``threads / 2`` threads (less sync overhead, less parallelism).
+- ``pin``: ``ENABLE_CPU_PINNING``; ``on`` leaves OpenVINO's default (pinning
+  on), ``off`` lets the OS move the threads, which can help on a shared CPU.
 """
 
 from __future__ import annotations
@@ -12,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from collage_ml.backends.base import Backend, Executable, register_backend, to_numpy
+from collage_ml.backends.base import Backend, Executable, configured_name, register_backend, to_numpy
 from collage_ml.backends.patterns import RegionPattern
 from collage_ml.errors import BackendError, first_line
 from collage_ml.ir.graph import Graph, Node, SubGraph
@@ -61,13 +74,38 @@ class OpenVinoBackend(Backend):
     device = "cpu"
     install_hint = "pip install 'collage-ml[openvino]'  (openvino==2026.4.1)"
     packages = ("openvino",)
+    CONFIGS = {
+        "hint": ("latency", "throughput"),
+        "streams": ("1", "2", "auto"),
+        "pin": ("on", "off"),
+    }
 
-    def __init__(self, hint: str = "LATENCY", streams: int = 1):
-        super().__init__(hint=hint, streams=streams)
-        self.hint = hint
-        self.streams = streams
+    def __init__(self, hint: str = "LATENCY", streams: int | str = 1, pin: bool = True):
+        cfg: dict = {"hint": hint, "streams": streams}
+        if not pin:  # only when not the default, so specs stored before pin existed still rebuild
+            cfg["pin"] = pin
+        super().__init__(**cfg)
+        if str(hint).lower() not in self.CONFIGS["hint"]:
+            raise BackendError(f"openvino: hint={hint} is not one of {'|'.join(self.CONFIGS['hint'])}")
+        if str(streams).lower() not in self.CONFIGS["streams"]:
+            raise BackendError(f"openvino: streams={streams} is not one of {'|'.join(self.CONFIGS['streams'])}")
+        self.hint = str(hint).upper()
+        self.streams: int | str = "auto" if str(streams).lower() == "auto" else int(streams)
+        self.pin = bool(pin)
+        cname = configured_name(type(self).name, self.CONFIGS, self.options())
+        if cname != type(self).name:  # the all-defaults configuration keeps the class's name
+            self.name = cname
         self._patterns = (RegionPattern("openvino-region", max_size=16),)
         self._core = None
+
+    def options(self) -> dict[str, str]:
+        return {"hint": self.hint.lower(), "streams": str(self.streams), "pin": "on" if self.pin else "off"}
+
+    @classmethod
+    def from_options(cls, options: dict[str, str]) -> "OpenVinoBackend":
+        streams = options["streams"]
+        return cls(hint=options["hint"].upper(), streams=streams if streams == "auto" else int(streams),
+                   pin=options["pin"] == "on")
 
     def _probe(self) -> None:
         import openvino  # noqa: F401
@@ -75,7 +113,8 @@ class OpenVinoBackend(Backend):
     def _version(self) -> str:
         import openvino as ov
 
-        return f"{ov.__version__.split('-')[0]}+{self.hint.lower()}-s{self.streams}"
+        v = f"{ov.__version__.split('-')[0]}+{self.hint.lower()}-s{self.streams}"
+        return v if self.pin else v + "-pin0"
 
     @property
     def core(self):
@@ -99,16 +138,16 @@ class OpenVinoBackend(Backend):
         self.require()
         try:
             model = self.core.read_model(model=sg.to_onnx().SerializeToString())
-            compiled = self.core.compile_model(
-                model,
-                "CPU",
-                {
-                    "INFERENCE_NUM_THREADS": int(threads),
-                    "PERFORMANCE_HINT": self.hint,
-                    "NUM_STREAMS": int(self.streams),
-                    "INFERENCE_PRECISION_HINT": "f32",
-                },
-            )
+            props = {
+                "INFERENCE_NUM_THREADS": int(threads),
+                "PERFORMANCE_HINT": self.hint,
+                "INFERENCE_PRECISION_HINT": "f32",
+            }
+            if self.streams != "auto":
+                props["NUM_STREAMS"] = int(self.streams)
+            if not self.pin:
+                props["ENABLE_CPU_PINNING"] = False
+            compiled = self.core.compile_model(model, "CPU", props)
         except Exception as e:
             raise BackendError(f"openvino could not compile {sg}: {first_line(e)}") from None
         names = [o.get_any_name() for o in compiled.inputs]

@@ -114,7 +114,7 @@ def compute_info(sg: SubGraph) -> SubgraphInfo:
         vals[i] = (node_flops(g, nd), r, w, out_numel, rank, kernel, stride, groups, m, nn, k, weight)
         fed[i] = any(x in inputs for x in nd.inputs)
         outp[i] = any(o in outputs for o in nd.outputs)
-        for p in g.preds[nd.index]:
+        for p in sorted(g.preds[nd.index]):
             j = local.get(p)
             if j is not None:
                 src.append(j)

@@ -299,9 +299,12 @@ def run_onnx(
         if t not in existing:
             m.graph.output.append(onnx.ValueInfoProto(name=t))
             existing.add(t)
+    from collage_ml.backends.onnxruntime_backend import fit_session_options
+
     so = ort.SessionOptions()
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     so.log_severity_level = 3
+    fit_session_options(so)  # a process that made ORT's global pool may only make sessions that use it
     sess = ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"])
     res = sess.run(names, dict(feeds))
     return dict(zip(names, res))

@@ -94,7 +94,7 @@ def measure_boundaries(runner, backends: Sequence, sizes: Iterable[int] = SIZES)
                     out.append(cached)
                     continue
                 timing = replace(runner.timing, time_cap=min(runner.timing.time_cap, BOUNDARY_TIME_CAP))
-                r = runner.worker.run(BoundaryTask(a.spec(), b.spec(), numel, runner.threads, timing), runner.timeout)
+                r = runner.worker_for([a, b]).run(BoundaryTask(a.spec(), b.spec(), numel, runner.threads, timing), runner.timeout)
                 m = Measurement(
                     key=key, hardware=runner.hardware, valid=bool(r.get("valid")), samples=r.get("samples", []),
                     median=r.get("median"), spread=r.get("spread"), threads=runner.threads,

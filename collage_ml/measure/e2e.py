@@ -63,4 +63,7 @@ def measure_plan(runner, graph, plan, reference) -> dict:
     expected = {n: reference[n] for n in graph.output_names}
     task = PlanTask(graph.model.SerializeToString(), plan.to_json(), feeds, expected, runner.threads,
                     runner.timing, runner.tolerance)
-    return runner.worker.run(task, runner.timeout * 4)
+    from collage_ml.plan import _backend_of
+
+    worker = runner.worker_for([_backend_of(p) for p in plan.partitions])
+    return worker.run(task, runner.timeout * 4)

@@ -30,7 +30,7 @@ import numpy as np
 
 from collage_ml.candidates import Candidate
 from collage_ml.cost import CandidateKey, Measurement
-from collage_ml.errors import describe
+from collage_ml.errors import BackendError, describe
 from collage_ml.measure.timing import Tolerance, TimingConfig
 
 STARTUP_TIMEOUT = 120.0
@@ -247,11 +247,27 @@ class Runner:
         if db is not None:
             db.register_hardware(self.hardware, hardware_info(self.threads))
         self.worker = Worker(self.threads)
+        # backends that change process-wide state (ORT's global thread pool) get a worker of their own
+        self._group_workers: dict[str, Worker] = {}
         self.cache_hits = 0
         self.measured = 0
 
     def close(self) -> None:
         self.worker.stop()
+        for w in self._group_workers.values():
+            w.stop()
+
+    def worker_for(self, backends) -> "Worker":
+        """The worker for tasks that build ``backends`` (one backend, or several for a plan or boundary)."""
+        groups = {getattr(b, "process_group", None) for b in backends} - {None}
+        if not groups:
+            return self.worker
+        if len(groups) > 1:
+            raise BackendError(f"backends of process groups {sorted(groups)} cannot run in one process")
+        g = groups.pop()
+        if g not in self._group_workers:
+            self._group_workers[g] = Worker(self.threads)
+        return self._group_workers[g]
 
     def __enter__(self) -> "Runner":
         return self
@@ -302,7 +318,7 @@ class Runner:
             c.backend.spec(), sg.to_onnx(check=False).SerializeToString(), feeds, expected, self.threads,
             self.timing, self.tolerance,
         )
-        r = self.worker.run(task, self.timeout)
+        r = self.worker_for([c.backend]).run(task, self.timeout)
         m = Measurement(
             key=c.key,
             hardware=self.hardware,

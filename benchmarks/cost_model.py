@@ -1,0 +1,279 @@
+"""Cost models side by side: leave-one-family-out, a random split, and few-shot transfer to other hardware.
+
+    .venv/bin/python benchmarks/cost_model.py --plot docs/cost-model-scatter.png --json results.json
+    .venv/bin/python benchmarks/cost_model.py --quick          # 3 families, smaller models, N = 0, 10, 50
+
+1. **Leave one family out** over every source family of ``--db`` (default
+   ``datasets/cpu-2core-zen4``): each model is trained on all other families
+   (their random subgraphs included) and scored on the held-out family; the
+   metrics (``collage_ml.models.evaluate``) are printed per family and
+   averaged over families (unweighted).
+2. **Random split** (80/20 by subgraph): not held out by family, so it is an
+   optimistic number, printed for comparison only.
+3. **Few-shot transfer** to ``--target-db`` (default
+   ``datasets/cpu-2core-zen4-t1``, the same machine at 1 thread): a model
+   trained on all of ``--db`` is updated with N samples of the target and
+   scored on the rest of it (the same rest for every N).
+
+``--plot`` draws predicted against measured latency from the
+leave-one-family-out predictions, one log-log panel per backend, one colour
+per model. ``--json`` writes every number. Models are made with
+``collage_ml.models.base.create_model(kind, **params)``; ``--param
+xgb:n_estimators=200`` overrides a parameter of one kind.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from rich.console import Console
+from rich.table import Table
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from collage_ml.models.base import create_model  # noqa: E402
+from collage_ml.models.dataset import Dataset  # noqa: E402
+from collage_ml.models.evaluate import (  # noqa: E402
+    HIGHER_IS_BETTER,
+    METRICS,
+    average_metrics,
+    evaluate,
+    few_shot,
+    format_metric,
+    leave_one_family_out,
+)
+
+DEFAULT_DB = ROOT / "datasets" / "cpu-2core-zen4" / "measurements.db"
+DEFAULT_TARGET = ROOT / "datasets" / "cpu-2core-zen4-t1" / "measurements.db"
+QUICK_FAMILIES = ("dcgan", "mobilenetv2", "nasrnn")
+QUICK_PARAMS: dict[str, dict[str, Any]] = {
+    "xgb": {"n_members": 2, "n_estimators": 150},
+    "gnn": {"epochs": 12, "finetune_epochs": 8, "mc_samples": 4},
+}
+SHORT = {
+    "pairwise_accuracy": "pairwise",
+    "kendall_tau": "tau",
+    "top1_regret": "top-1 regret",
+    "backend_pairwise_accuracy": "backend pairwise",
+    "backend_choice_regret": "backend regret",
+    "mape": "MAPE",
+    "within_10pct": "within 10%",
+}
+
+console = Console(width=None if sys.stdout.isatty() else 160)
+err = Console(stderr=True)
+
+
+def log(msg: str) -> None:
+    err.print(f"[dim]{time.strftime('%H:%M:%S')} {msg}[/]")
+
+
+def parse_params(items: list[str], kinds: list[str]) -> dict[str, dict[str, Any]]:
+    out: dict[str, dict[str, Any]] = {k: {} for k in kinds}
+    for it in items:
+        kind, sep, rest = it.partition(":")
+        key, sep2, value = rest.partition("=")
+        if not sep or not sep2 or not key:
+            raise SystemExit(f"--param expects KIND:KEY=VALUE (e.g. xgb:n_estimators=200), got {it!r}")
+        try:
+            v: Any = json.loads(value)
+        except json.JSONDecodeError:
+            v = value
+        out.setdefault(kind, {})[key] = v
+    return out
+
+
+def side_by_side(title: str, rows: dict[str, dict[str, dict[str, Any]]], models: list[str], extra: tuple[str, ...] = ()) -> None:
+    """rows: row label -> model -> metrics. One column per metric; each cell lists the models' values, the best marked."""
+    t = Table(title=title, caption=" / ".join(models) + " per cell" + ("; * = best" if len(models) > 1 else ""))
+    t.add_column("")
+    t.add_column("n", justify="right")
+    for k in METRICS + extra:
+        t.add_column(SHORT.get(k, k), justify="right")
+    for label, per_model in rows.items():
+        n = next((str(m.get("n", "")) for m in per_model.values() if m), "")
+        cells = []
+        for k in METRICS + extra:
+            vals = [per_model.get(m, {}).get(k) for m in models]
+            finite = [v for v in vals if isinstance(v, (int, float)) and math.isfinite(v)]
+            best = None
+            if len(finite) > 1 and k in METRICS:
+                best = max(finite) if k in HIGHER_IS_BETTER else min(finite)
+            parts = []
+            for v in vals:
+                s = format_metric(k, v) if k in METRICS else ("-" if v is None else f"{v:.1f}")
+                parts.append(f"[bold]{s}*[/]" if best is not None and v == best else s)
+            cells.append(" / ".join(parts))
+        t.add_row(label, n, *cells)
+    console.print(t)
+
+
+def plot(path: Path, preds: dict[str, dict[str, dict[str, Any]]]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    backends = sorted({b for per_fam in preds.values() for p in per_fam.values() for b in p["backend"]})
+    if not backends:
+        return
+    cols = min(len(backends), 2)
+    rows = math.ceil(len(backends) / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(5.2 * cols, 4.8 * rows), squeeze=False)
+    colours = {m: c for m, c in zip(preds, ("tab:blue", "tab:orange", "tab:green", "tab:red"))}
+    markers = {m: mk for m, mk in zip(preds, ("o", "^", "s", "D"))}
+    for ax, b in zip(axes.flat, backends):
+        lo, hi = math.inf, 0.0
+        for model, per_fam in preds.items():
+            t = np.concatenate([np.asarray(p["true"])[np.array(p["backend"]) == b] for p in per_fam.values()])
+            y = np.concatenate([np.asarray(p["pred"])[np.array(p["backend"]) == b] for p in per_fam.values()])
+            if not len(t):
+                continue
+            ape = np.median(np.abs(y / t - 1))
+            ax.scatter(t * 1e3, y * 1e3, s=5, alpha=0.35, c=colours[model], marker=markers[model], linewidths=0,
+                       label=f"{model} (n={len(t)}, median APE {100 * ape:.0f}%)")
+            lo, hi = min(lo, t.min(), y.min()), max(hi, t.max(), y.max())
+        if hi > 0:
+            ax.plot([lo * 1e3, hi * 1e3], [lo * 1e3, hi * 1e3], "k--", lw=0.8)
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_title(b)
+        ax.set_xlabel("measured latency (ms)")
+        ax.set_ylabel("predicted latency (ms)")
+        ax.legend(loc="upper left", fontsize=8, markerscale=3)
+    for ax in list(axes.flat)[len(backends):]:
+        ax.axis("off")
+    fig.suptitle("leave-one-family-out predictions (each point predicted by a model that never saw its family)")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=130)
+    log(f"wrote {path}")
+
+
+def clean(o: Any) -> Any:
+    if isinstance(o, float):
+        return o if math.isfinite(o) else None
+    if isinstance(o, dict):
+        return {str(k): clean(v) for k, v in o.items()}
+    if isinstance(o, (list, tuple)):
+        return [clean(v) for v in o]
+    if hasattr(o, "tolist"):
+        return clean(o.tolist())
+    return o
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--db", type=Path, default=DEFAULT_DB, help="main measurement database")
+    ap.add_argument("--target-db", type=Path, default=DEFAULT_TARGET, help="few-shot target database")
+    ap.add_argument("--models", default="xgb,gnn", help="model kinds, comma-separated (default: xgb,gnn)")
+    ap.add_argument("--families", default=None, help="hold out only these families, comma-separated (default: all)")
+    ap.add_argument("--quick", action="store_true",
+                    help=f"faster: families {','.join(QUICK_FAMILIES)}, smaller models, N = 0, 10, 50")
+    ap.add_argument("--param", action="append", default=[], metavar="KIND:KEY=VALUE", help="model parameter")
+    ap.add_argument("--shots", default=None, help="few-shot N, comma-separated (default 10,50,200)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--no-random-split", action="store_true")
+    ap.add_argument("--no-few-shot", action="store_true")
+    ap.add_argument("--plot", type=Path, default=None, metavar="PNG")
+    ap.add_argument("--json", type=Path, default=None, metavar="PATH")
+    args = ap.parse_args()
+
+    kinds = [k.strip() for k in args.models.split(",") if k.strip()]
+    params = {k: dict(QUICK_PARAMS.get(k, {})) if args.quick else {} for k in kinds}
+    for k, p in parse_params(args.param, kinds).items():
+        params.setdefault(k, {}).update(p)
+    for k in kinds:
+        create_model(k, **params[k])  # fail early on a bad kind or parameter
+    shots = [int(x) for x in args.shots.split(",")] if args.shots else ([10, 50] if args.quick else [10, 50, 200])
+
+    t0 = time.perf_counter()
+    log(f"loading {args.db}")
+    data = Dataset.from_db(args.db, progress=sys.stderr.isatty())
+    fams = data.sources()
+    if args.families:
+        fams = [f.strip() for f in args.families.split(",") if f.strip()]
+    elif args.quick:
+        fams = [f for f in QUICK_FAMILIES if f in fams] or fams[:3]
+    log(f"{len(data)} samples, sources {', '.join(data.sources())}; holding out {', '.join(fams)}")
+    results: dict[str, Any] = {
+        "db": str(args.db),
+        "target_db": str(args.target_db),
+        "models": kinds,
+        "params": params,
+        "families": fams,
+        "quick": args.quick,
+        "seed": args.seed,
+        "n": len(data),
+    }
+
+    # 1. leave one family out
+    lofo: dict[str, dict[str, dict[str, Any]]] = {}
+    preds: dict[str, dict[str, dict[str, Any]]] = {}
+    for k in kinds:
+        log(f"leave-one-family-out: {k} {params[k] or '(defaults)'}")
+        preds[k] = {}
+        lofo[k] = leave_one_family_out(lambda k=k: create_model(k, **params[k]), data, fams, progress=log,
+                                       predictions=preds[k])
+    means = {k: average_metrics(lofo[k]) for k in kinds}
+    rows = {f: {k: lofo[k].get(f, {}) for k in kinds} for f in fams}
+    rows["mean over families"] = means
+    side_by_side("leave one family out (each row: trained on every other family)", rows, kinds, ("fit_seconds",))
+    results["lofo"] = lofo
+    results["lofo_mean"] = means
+
+    # 2. random split
+    if not args.no_random_split:
+        train, test = data.random_split(0.2, seed=args.seed)
+        rs: dict[str, dict[str, Any]] = {}
+        for k in kinds:
+            log(f"random split: {k} on {len(train)} samples, testing on {len(test)}")
+            m = create_model(k, **params[k])
+            t1 = time.perf_counter()
+            m.fit(train)
+            fit_s = time.perf_counter() - t1
+            rs[k] = evaluate(m, test)
+            rs[k]["fit_seconds"] = fit_s
+        side_by_side("random split (not held out by family), 80/20 by subgraph", {"all": rs}, kinds, ("fit_seconds",))
+        results["random_split"] = rs
+
+    # 3. few-shot transfer
+    if not args.no_few_shot:
+        if not args.target_db.exists():
+            log(f"no target database at {args.target_db}: few-shot transfer skipped")
+        else:
+            target = Dataset.from_db(args.target_db)
+            log(f"few-shot target {args.target_db}: {len(target)} samples, hardware "
+                f"{', '.join(sorted({s.hardware for s in target}))}")
+            fs: dict[str, dict[int, dict[str, Any]]] = {}
+            for k in kinds:
+                log(f"few-shot: training {k} on all of {args.db.name} ({len(data)} samples)")
+                base = create_model(k, **params[k]).fit(data)
+                fs[k] = few_shot(base, target, ns=shots, seed=args.seed, progress=log)
+            rows = {f"N = {n}": {k: fs[k].get(n, {}) for k in kinds} for n in [0, *shots]}
+            side_by_side(f"few-shot transfer to {args.target_db.parent.name} (update on N target samples, "
+                         f"score on the same {next(iter(fs.values()))[0]['n']} others)", rows, kinds,
+                         ("update_seconds",))
+            results["few_shot"] = fs
+
+    results["seconds"] = time.perf_counter() - t0
+    if args.plot:
+        plot(args.plot, preds)
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(clean(results), indent=1, default=str))
+        log(f"wrote {args.json}")
+    log(f"done in {results['seconds']:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

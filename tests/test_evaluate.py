@@ -1,0 +1,419 @@
+"""Cost-model evaluation: metrics with known answers, decision groups, the protocols, and `collage-ml train/eval`."""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import zlib
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from collage_ml.backends import get_backend
+from collage_ml.candidates import enumerate_candidates
+from collage_ml.cli import main
+from collage_ml.cost import CandidateKey, Measurement
+from collage_ml.db import Database
+from collage_ml.featurize.flat import FEATURES, flat_matrix
+from collage_ml.featurize.hardware import HardwareDesc
+from collage_ml.featurize.info import subgraph_info
+from collage_ml.ir.importers import import_model
+from collage_ml.models import base as base_mod
+from collage_ml.models.base import CostModel
+from collage_ml.models.dataset import Dataset, Sample
+from collage_ml.models.evaluate import (
+    METRICS,
+    average_metrics,
+    backend_groups,
+    decision_groups,
+    evaluate,
+    few_shot,
+    leave_one_family_out,
+    metrics_from_predictions,
+    ranking_metrics,
+)
+
+BACKENDS = ("onnxruntime", "openvino", "torch")
+FP = "cpu-test-t2-000000000000"
+HW2 = HardwareDesc(cores=2, threads=2, gpu=False)
+HW1 = HardwareDesc(cores=2, threads=1, gpu=False)
+_COL = {f: i for i, f in enumerate(FEATURES)}
+_BACKEND_FACTOR = {"onnxruntime": 1.0, "openvino": 0.8, "torch": 1.3}
+
+
+# ----------------------------------------------------------------------------- stand-in models
+class StubModel(CostModel):
+    """Least squares of log latency on [1, log FLOPs, log bytes, backend one-hot]; update() shifts the bias."""
+
+    kind = "stub"
+    _COLS = [_COL["log_flops"], _COL["log_bytes_read"], _COL["n_nodes"]] + [_COL[f"backend:{b}"] for b in BACKENDS]
+
+    def __init__(self, **params):
+        super().__init__(**params)
+        self.coef: np.ndarray | None = None
+
+    def _x(self, samples):
+        m = flat_matrix([(s.info, s.backend, s.hw) for s in samples])[:, self._COLS].astype(np.float64)
+        threads = np.array([np.log(s.hw.threads) for s in samples])
+        return np.column_stack([np.ones(len(samples)), m, threads])
+
+    def fit(self, data):
+        self._record_fit(data)
+        self.coef = np.linalg.lstsq(self._x(data.samples), data.y(), rcond=None)[0]
+        return self
+
+    def update(self, new):
+        resid = new.y() - self._x(new.samples) @ self.coef
+        self.coef = self.coef.copy()
+        self.coef[0] += float(resid.mean())
+        self._record_update(len(new))
+        return {"mode": "bias", "n": len(new)}
+
+    def predict_log(self, samples):
+        return self._x(samples) @ self.coef, np.zeros(len(samples))
+
+    def _save_payload(self, directory: Path):
+        (directory / "coef.json").write_text(json.dumps(self.coef.tolist()))
+        return {}
+
+    def _load_payload(self, directory: Path, meta):
+        self.coef = np.array(json.loads((directory / "coef.json").read_text()))
+
+
+class Oracle:
+    """Predicts ``f(true latency)``."""
+
+    def __init__(self, f=lambda t: t):
+        self.f = f
+
+    def predict(self, samples):
+        t = np.array([s.latency for s in samples])
+        return self.f(t), np.zeros(len(t))
+
+
+# ----------------------------------------------------------------------------- data
+def _latency(sg, backend: str, threads: int = 2) -> float:
+    """A made-up but structured latency: overhead + work, per-backend factor, a bit of hash noise."""
+    info = subgraph_info(sg)
+    flops = float(info.column("flops").sum())
+    moved = float(info.column("bytes_read").sum() + info.column("bytes_written").sum())
+    noise = 1.0 + 0.2 * ((zlib.crc32(f"{sg.hash}{backend}".encode()) % 1000) / 1000.0 - 0.5)
+    return (4e-6 * len(sg) + flops / 2e10 + moved / 1e10) * _BACKEND_FACTOR[backend] * noise * (2.0 / threads) ** 0.7
+
+
+def _candidates(model: str):
+    g = import_model(model)
+    return list(enumerate_candidates(g, [get_backend(b) for b in BACKENDS], 3))
+
+
+def _samples(model: str, family: str, hw=HW2, fp=FP) -> list[Sample]:
+    out, seen = [], set()
+    for c in _candidates(model):
+        k = (c.subgraph.hash, c.backend.name)
+        if k in seen:
+            continue
+        seen.add(k)
+        out.append(Sample(subgraph_info(c.subgraph), c.backend.name, hw, _latency(c.subgraph, c.backend.name, hw.threads),
+                          family, family, c.key, fp, c.pattern))
+    return out
+
+
+@pytest.fixture(scope="module")
+def tiny_ds() -> Dataset:
+    """resnet50-tiny and dcgan-tiny candidates, sources resnet50 and dcgan (rebuilt from the -tiny models)."""
+    return Dataset(_samples("resnet50-tiny", "resnet50") + _samples("dcgan-tiny", "dcgan"))
+
+
+TINY_MODELS = {"resnet50": "resnet50-tiny", "dcgan": "dcgan-tiny"}
+
+
+# ----------------------------------------------------------------------------- metrics with known answers
+TRUE = np.array([1.0, 2.0, 3.0, 4.0, 5.0, 6.0])
+GROUPS = [np.array([0, 1, 2]), np.array([3, 4, 5])]
+BGROUPS = [np.array([0, 3]), np.array([1, 4])]
+
+
+def test_perfect_predictor():
+    m = metrics_from_predictions(TRUE, TRUE.copy(), GROUPS, BGROUPS)
+    assert m["pairwise_accuracy"] == 1.0 and m["kendall_tau"] == 1.0 and m["top1_regret"] == 0.0
+    assert m["mape"] == 0.0 and m["within_10pct"] == 1.0
+    assert m["backend_pairwise_accuracy"] == 1.0 and m["backend_choice_regret"] == 0.0
+    assert (m["n"], m["n_groups"], m["n_pairs"], m["n_backend_groups"]) == (6, 2, 6, 2)
+    # a constant factor keeps every ranking but not the accuracy
+    m = metrics_from_predictions(TRUE, 2 * TRUE, GROUPS, BGROUPS)
+    assert m["pairwise_accuracy"] == 1.0 and m["top1_regret"] == 0.0
+    assert m["mape"] == pytest.approx(1.0) and m["within_10pct"] == 0.0
+
+
+def test_inverted_predictor():
+    m = metrics_from_predictions(TRUE, 1.0 / TRUE, GROUPS, BGROUPS)
+    assert m["pairwise_accuracy"] == 0.0 and m["kendall_tau"] == -1.0
+    assert m["backend_pairwise_accuracy"] == 0.0
+    # picks 3 instead of 1, and 6 instead of 4
+    assert m["top1_regret"] == pytest.approx(((3 / 1 - 1) + (6 / 4 - 1)) / 2)
+    assert m["backend_choice_regret"] == pytest.approx(((4 / 1 - 1) + (5 / 2 - 1)) / 2)
+
+
+def test_one_swap_ties_and_mape():
+    r = ranking_metrics(np.array([1.0, 2.0, 3.0]), np.array([2.0, 1.0, 3.0]), [np.arange(3)])
+    assert r["pairwise_accuracy"] == pytest.approx(2 / 3)
+    assert r["kendall_tau"] == pytest.approx(1 / 3)
+    assert r["top1_regret"] == pytest.approx(1.0)  # picks the 2 s candidate over the 1 s one
+    # a predicted tie is half right; a constant prediction has no tau
+    r = ranking_metrics(np.array([1.0, 2.0]), np.array([5.0, 5.0]), [np.arange(2)])
+    assert r["pairwise_accuracy"] == 0.5 and math.isnan(r["kendall_tau"])
+    # pairs with equal true latency are not scored
+    r = ranking_metrics(np.array([1.0, 1.0, 2.0]), np.array([3.0, 1.0, 2.0]), [np.arange(3)])
+    assert r["pairs"] == 2 and r["pairwise_accuracy"] == 0.5
+    m = metrics_from_predictions(np.array([1.0, 2.0, 4.0]), np.array([1.05, 2.4, 2.0]))
+    assert m["mape"] == pytest.approx((0.05 + 0.2 + 0.5) / 3)
+    assert m["within_10pct"] == pytest.approx(1 / 3)
+    assert math.isnan(m["pairwise_accuracy"]) and m["n_groups"] == 0
+
+
+def test_average_metrics():
+    avg = average_metrics({"a": {"n": 10, "mape": 0.2, "kendall_tau": math.nan, "n_groups": 3},
+                           "b": {"n": 30, "mape": 0.4, "kendall_tau": 0.5, "n_groups": 2}})
+    assert avg["families"] == 2 and avg["n"] == 40 and avg["n_groups"] == 5
+    assert avg["mape"] == pytest.approx(0.3) and avg["kendall_tau"] == 0.5
+
+
+# ----------------------------------------------------------------------------- decision and backend groups
+def test_decision_groups_group_by_first_node(tiny_ds):
+    cands = _candidates("resnet50-tiny")
+    firsts: dict[tuple[str, str], set[int]] = {}
+    for c in cands:
+        m = c.subgraph.mask
+        firsts.setdefault((c.subgraph.hash, c.backend.name), set()).add((m & -m).bit_length() - 1)
+    ds = Dataset([s for s in tiny_ds if s.source == "resnet50"])
+    extra = [
+        Sample(ds[0].info, "onnxruntime", HW2, 1e-3, "random", "mystery", None, FP),  # a source no zoo family
+        Sample(ds[1].info, "inductor", HW2, 1e-3, "random", "resnet50", None, FP),  # a key never enumerated
+        Sample(ds[2].info, ds[2].backend, HW2, 9.0, "resnet50", "resnet50", None, FP),  # a duplicate key
+    ]
+    ds = Dataset(ds.samples + extra)
+    g = decision_groups(ds, models=TINY_MODELS, backends=BACKENDS)
+    assert len(g) >= 10 and g.n == len(ds)
+    assert g.unrebuilt == {"mystery": 1}
+    n = len(ds)
+    assert all(n - 3 not in grp and n - 2 not in grp for grp in g.groups)
+    assert all(n - 1 not in grp for grp in g.groups)  # one sample per key: the first
+    for grp, (hw, fam, node) in zip(g.groups, g.labels):
+        assert hw == FP and fam == "resnet50" and len(grp) >= 2
+        keys = [(ds[i].info.hash, ds[i].backend) for i in grp]
+        assert len(set(keys)) == len(keys)
+        for k in keys:
+            assert node in firsts[k]
+    # the group of node 0 holds every candidate that starts there (op, region, whole model), on each backend
+    at0 = {k for k, f in firsts.items() if 0 in f}
+    grp0 = next(grp for grp, lab in zip(g.groups, g.labels) if lab[2] == 0)
+    assert {(ds[i].info.hash, ds[i].backend) for i in grp0} == at0
+    assert len({ds[i].backend for i in grp0}) == 3
+    grouped = set(np.concatenate(g.groups).tolist())
+    assert g.ungrouped == n - len(grouped) >= 3
+    # cached: the second call does not enumerate again and gives the same groups
+    g2 = decision_groups(ds, models=TINY_MODELS, backends=BACKENDS)
+    assert [x.tolist() for x in g2.groups] == [x.tolist() for x in g.groups]
+
+
+def test_groups_stay_within_one_hardware(tiny_ds):
+    ds = Dataset(_samples("dcgan-tiny", "dcgan") + _samples("dcgan-tiny", "dcgan", hw=HW1, fp="other-hw"))
+    g = decision_groups(ds, models=TINY_MODELS)
+    assert {lab[0] for lab in g.labels} == {FP, "other-hw"}
+    for grp, lab in zip(g.groups, g.labels):
+        assert {ds[i].hardware for i in grp} == {lab[0]}
+    bg = backend_groups(ds)
+    assert bg and all(len({ds[i].hardware for i in grp}) == 1 for grp in bg)
+    assert all(len({ds[i].backend for i in grp}) == len(grp) >= 2 for grp in bg)
+
+
+def test_evaluate_with_oracles(tiny_ds):
+    kw = dict(models=TINY_MODELS)
+    perfect = evaluate(Oracle(), tiny_ds, **kw)
+    assert perfect["pairwise_accuracy"] == 1.0 and perfect["top1_regret"] == 0.0 and perfect["mape"] == 0.0
+    assert perfect["backend_pairwise_accuracy"] == 1.0 and perfect["backend_choice_regret"] == 0.0
+    assert perfect["n"] == len(tiny_ds) and perfect["n_groups"] > 10 and perfect["n_backend_groups"] > 10
+    inverted = evaluate(Oracle(lambda t: 1 / t), tiny_ds, decision_groups(tiny_ds, **kw))
+    assert inverted["pairwise_accuracy"] == 0.0 and inverted["kendall_tau"] == -1.0
+    assert inverted["backend_pairwise_accuracy"] == 0.0 and inverted["top1_regret"] > 0
+    with pytest.raises(ValueError, match="index"):
+        evaluate(Oracle(), tiny_ds[:5], decision_groups(tiny_ds, **kw))
+
+
+# ----------------------------------------------------------------------------- protocols
+@pytest.fixture
+def stub_kind(monkeypatch):
+    monkeypatch.setitem(base_mod.KINDS, "stub", f"{__name__}:StubModel")
+
+
+def test_leave_one_family_out(tiny_ds):
+    lines, preds = [], {}
+    res = leave_one_family_out(StubModel, tiny_ds, progress=lines.append, predictions=preds, models=TINY_MODELS)
+    assert set(res) == {"dcgan", "resnet50"} and len(lines) == 2
+    for fam, m in res.items():
+        test = [s for s in tiny_ds if s.source == fam]
+        assert m["n"] == len(test) and m["n_train"] == len(tiny_ds) - len(test)
+        assert set(METRICS) <= set(m) and m["fit_seconds"] >= 0
+        assert len(preds[fam]["pred"]) == len(test) == len(preds[fam]["backend"])
+        assert m["pairwise_accuracy"] > 0.5  # the stub learns flops -> latency
+    avg = average_metrics(res)
+    assert avg["n"] == len(tiny_ds)
+    with pytest.raises(ValueError, match="unknown families"):
+        leave_one_family_out(StubModel, tiny_ds, families=["nope"])
+
+
+def test_few_shot_same_test_set_for_every_n(tiny_ds, stub_kind):
+    source = StubModel().fit(tiny_ds)
+    # the "other hardware": one thread, and everything 3x slower than the model expects
+    target = Dataset([Sample(s.info, s.backend, s.hw, s.latency * 3.0, s.family, s.source, s.key, "t1", s.pattern)
+                      for s in tiny_ds])
+    res = few_shot(source, target, ns=(10, 50), seed=1, models=TINY_MODELS)
+    assert sorted(res) == [0, 10, 50]
+    assert len({res[n]["n"] for n in res}) == 1  # the same held-out rest
+    assert res[0]["n"] <= len(target) - 50
+    assert res[0]["n_update"] == 0 and res[10]["n_update"] == 10 and res[50]["update"] == {"mode": "bias", "n": 50}
+    assert res[10]["mape"] < res[0]["mape"] / 2  # the bias shift fixes the 3x
+    assert source.meta["updates"] == 0  # copies were updated, not the source model
+    # a factory works too
+    res2 = few_shot(lambda: StubModel().fit(tiny_ds), target, ns=(50, 10), seed=1, models=TINY_MODELS)
+    assert res2[10]["mape"] == pytest.approx(res[10]["mape"])
+
+
+# ----------------------------------------------------------------------------- CLI
+def _build_db(path: Path, models=(("dcgan", "dcgan"), ("resnet50-tiny", "resnet50")), fp=FP, threads=2) -> int:
+    n = 0
+    with Database(path, create=True) as db:
+        db.register_hardware(fp, {"physical_cores": 2, "logical_cores": 2, "threads": threads, "gpus": []})
+        ms = []
+        for model, family in models:
+            for c in _candidates(model):
+                sg = c.subgraph
+                db.add_subgraph(sg.hash, sg.skeleton_onnx())
+                lat = _latency(sg, c.backend.name, threads)
+                ms.append(Measurement(CandidateKey(sg.hash, c.backend.name, "1.0"), fp, True, samples=[lat] * 3,
+                                      median=lat, spread=0.0, threads=threads, family=family,
+                                      extra={"pattern": c.pattern, "nodes": len(sg)}))
+        n = db.commit_many(ms)
+    return n
+
+
+@pytest.fixture(scope="module")
+def tiny_db(tmp_path_factory) -> Path:
+    p = tmp_path_factory.mktemp("db") / "m.db"
+    assert _build_db(p) > 100
+    return p
+
+
+@pytest.fixture(scope="module")
+def artifact(tiny_db, tmp_path_factory) -> tuple[Path, dict]:
+    """An xgb model trained on the tiny DB with dcgan held out."""
+    out = tmp_path_factory.mktemp("art") / "xgb"
+    import contextlib
+    import io
+
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        rc = main(["train", "--db", str(tiny_db), "--model", "xgb", "-o", str(out), "--holdout-family", "dcgan",
+                   "--param", "n_estimators=20", "--param", "n_members=2", "--param", "n_jobs=1", "--json"])
+    assert rc == 0
+    return out, json.loads(buf.getvalue())
+
+
+def _one_line_error(capsys, *needles):
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("collage-ml: error:") and "\n" not in err, err
+    for n in needles:
+        assert n in err, err
+    return err
+
+
+def test_cli_train_json_with_holdout(artifact):
+    out, summary = artifact
+    assert (out / "meta.json").exists()
+    assert summary["kind"] == "xgb" and summary["sources"] == ["resnet50"]
+    assert summary["n"] > 100 and summary["params"]["n_estimators"] == 20
+    h = summary["holdout"]["dcgan"]
+    assert h["n"] > 50 and h["n_groups"] > 0 and h["n_backend_groups"] > 0
+    for k in METRICS:
+        assert k in h
+    meta = json.loads((out / "meta.json").read_text())
+    assert meta["trained_on"]["sources"] == ["resnet50"]
+
+
+def test_cli_train_text(tiny_db, tmp_path, capsys):
+    rc = main(["train", "--db", str(tiny_db), "--model", "xgb", "-o", str(tmp_path / "a"), "--holdout-family", "dcgan",
+               "--holdout-family", "resnet50", "--param", "n_estimators=5", "--param", "n_members=1", "--param", "n_jobs=1"])
+    # everything held out: nothing to train on
+    assert rc == 1
+    _one_line_error(capsys, "nothing left to train on")
+    rc = main(["train", "--db", str(tiny_db), "--model", "xgb", "-o", str(tmp_path / "a"), "--holdout-family", "dcgan",
+               "--param", "n_estimators=5", "--param", "n_members=1", "--param", "n_jobs=1", "--no-progress"])
+    assert rc == 0
+    out = capsys.readouterr().out
+    assert "trained xgb on" in out and "held out: dcgan" in out and "pairwise" in out and "saved" in out
+
+
+def test_cli_eval_held_out_json(artifact, tiny_db, capsys):
+    out, _ = artifact
+    assert main(["eval", "--db", str(tiny_db), "--artifact", str(out), "--holdout-family", "dcgan", "--json"]) == 0
+    cap = capsys.readouterr()
+    assert "warning" not in cap.err
+    r = json.loads(cap.out)
+    for k in ("pairwise_accuracy", "kendall_tau", "mape", "within_10pct", "top1_regret",
+              "backend_pairwise_accuracy", "backend_choice_regret", "n"):
+        assert k in r
+    assert r["families"] == ["dcgan"] and r["overlaps_training"] == []
+    assert 0.5 < r["backend_pairwise_accuracy"] <= 1.0 and r["n_groups"] > 0
+
+
+def test_cli_eval_warns_on_training_sources(artifact, tiny_db, capsys):
+    out, _ = artifact
+    assert main(["eval", "--db", str(tiny_db), "--artifact", str(out)]) == 0
+    cap = capsys.readouterr()
+    assert "warning" in cap.err and "resnet50" in cap.err and "not held out" in cap.err
+    assert "dcgan" in cap.out and "resnet50" in cap.out and "all" in cap.out  # the table
+
+
+def test_cli_errors(artifact, tiny_db, tmp_path, capsys):
+    out, _ = artifact
+    missing = tmp_path / "nope.db"
+    assert main(["train", "--db", str(missing), "--model", "xgb", "-o", str(tmp_path / "x")]) == 1
+    _one_line_error(capsys, str(missing))
+    assert main(["eval", "--db", str(missing), "--artifact", str(out)]) == 1
+    _one_line_error(capsys, str(missing))
+
+    assert main(["train", "--db", str(tiny_db), "--model", "xgb", "-o", str(tmp_path / "x"),
+                 "--holdout-family", "resnet"]) == 1
+    _one_line_error(capsys, "'resnet'", "known families: dcgan, resnet50")
+    assert main(["eval", "--db", str(tiny_db), "--artifact", str(out), "--holdout-family", "bertt"]) == 1
+    _one_line_error(capsys, "'bertt'", "dcgan, resnet50")
+
+    assert main(["train", "--db", str(tiny_db), "--model", "xgb", "-o", str(tmp_path / "x"),
+                 "--hardware", "cpu-elsewhere"]) == 1
+    _one_line_error(capsys, "no valid measurements for hardware cpu-elsewhere", FP)
+
+    assert main(["eval", "--db", str(tiny_db), "--artifact", str(tmp_path / "no-artifact")]) == 1
+    _one_line_error(capsys, "no cost-model artifact", "no-artifact")
+
+    # schema mismatch and corrupt meta
+    bad = tmp_path / "bad"
+    shutil.copytree(out, bad)
+    meta = json.loads((bad / "meta.json").read_text())
+    meta["schema_version"] = 999
+    (bad / "meta.json").write_text(json.dumps(meta))
+    assert main(["eval", "--db", str(tiny_db), "--artifact", str(bad)]) == 1
+    _one_line_error(capsys, "feature schema 999", "collage-ml train")
+    (bad / "meta.json").write_text("{not json")
+    assert main(["eval", "--db", str(tiny_db), "--artifact", str(bad)]) == 1
+    _one_line_error(capsys, "not readable JSON")
+
+    # --param: malformed is a usage error (argparse), an unknown key is one line, exit 2
+    with pytest.raises(SystemExit) as e:
+        main(["train", "--db", str(tiny_db), "--model", "xgb", "-o", str(tmp_path / "x"), "--param", "oops"])
+    assert e.value.code == 2
+    assert "KEY=VALUE" in capsys.readouterr().err
+    assert main(["train", "--db", str(tiny_db), "--model", "xgb", "-o", str(tmp_path / "x"),
+                 "--param", "n_trees=3"]) == 2
+    _one_line_error(capsys, "bad --param", "n_trees")

@@ -1,0 +1,172 @@
+"""Featurizers: stored ONNX gives the live numbers, flat row layout, op histograms, graph data, schema checks."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper
+
+from collage_ml.backends import get_backend
+from collage_ml.candidates import enumerate_candidates
+from collage_ml.featurize import flat as flat_mod
+from collage_ml.featurize import info as info_mod
+from collage_ml.featurize.flat import FEATURES, N_FEATURES, SUBGRAPH_FEATURES, flat_matrix, flat_row
+from collage_ml.featurize.graph import GLOBAL_FEATURES, NODE_FEATURES, graph_data
+from collage_ml.featurize.hardware import HardwareDesc
+from collage_ml.featurize.info import compute_info, info_from_onnx, subgraph_info
+from collage_ml.featurize.schema import BACKENDS, OPS, SCHEMA_VERSION, SchemaError, check_schema
+from collage_ml.ir.importers import import_model
+
+from .helpers import chain_model
+
+HW = HardwareDesc(cores=4, threads=2, gpu=False)
+COL = {f: i for i, f in enumerate(FEATURES)}
+
+
+@pytest.fixture(scope="module")
+def tiny_subgraphs():
+    g = import_model("resnet50-tiny")
+    bs = [get_backend(n) for n in ("onnxruntime", "openvino", "torch")]
+    sgs = {}
+    for c in enumerate_candidates(g, bs, 3):
+        sgs.setdefault(c.subgraph.hash, c.subgraph)
+    return list(sgs.values())
+
+
+def _edge_set(e: np.ndarray) -> set[tuple[int, int]]:
+    return {(int(a), int(b)) for a, b in e.T}
+
+
+def test_stored_onnx_gives_the_live_info(tiny_subgraphs):
+    assert len(tiny_subgraphs) > 30
+    sizes = set()
+    for sg in tiny_subgraphs:
+        live = compute_info(sg)
+        stored = info_from_onnx(sg.skeleton_onnx())
+        sizes.add(len(sg))
+        assert stored.hash == live.hash == sg.hash
+        np.testing.assert_array_equal(stored.ops, live.ops)
+        np.testing.assert_array_equal(stored.node_values, live.node_values)
+        np.testing.assert_array_equal(stored.is_input_fed, live.is_input_fed)
+        np.testing.assert_array_equal(stored.is_output, live.is_output)
+        # the same edges; their order follows set iteration over predecessors and may differ
+        assert _edge_set(stored.edges) == _edge_set(live.edges)
+        assert (stored.depth, stored.in_bytes, stored.out_bytes) == (live.depth, live.in_bytes, live.out_bytes)
+        # hence the same flat row
+        np.testing.assert_array_equal(flat_mod._compute(stored), flat_mod._compute(live))
+    assert {1, 2, 3} <= sizes and max(sizes) > 3  # ops, regions, and the whole-model region
+
+
+def test_stored_info_takes_the_db_key_as_hash(tiny_subgraphs):
+    sg = tiny_subgraphs[0]
+    assert info_from_onnx(sg.skeleton_onnx(), "db-key").hash == "db-key"
+
+
+def test_flat_row_backend_slots():
+    g = import_model(chain_model())
+    info = subgraph_info(g.whole())
+    b0 = len(SUBGRAPH_FEATURES)
+    onehots = {}
+    for name in ("onnxruntime", "openvino", "tvm-cuda", "onnxruntime[spin=on]", "my-new-backend"):
+        row = flat_row(info, name, HW)
+        assert row.shape == (N_FEATURES,) and row.dtype == np.float32
+        hot = np.flatnonzero(row[b0 : b0 + len(BACKENDS) + 1])
+        assert len(hot) == 1
+        onehots[name] = FEATURES[b0 + hot[0]]
+    assert onehots == {
+        "onnxruntime": "backend:onnxruntime",
+        "openvino": "backend:openvino",
+        "tvm-cuda": "backend:tvm-cuda",
+        "onnxruntime[spin=on]": "backend:onnxruntime",
+        "my-new-backend": "backend:other",
+    }
+    row = flat_row(info, "torch", HW)
+    assert (row[COL["hw_cores"]], row[COL["hw_threads"]], row[COL["hw_gpu"]]) == (4, 2, 0)
+    assert row[COL["log_flops_per_thread"]] == pytest.approx(row[COL["log_flops"]] - np.log(2), abs=1e-5)
+    # the subgraph part does not depend on the backend
+    np.testing.assert_array_equal(flat_row(info, "torch", HW)[:b0], flat_row(info, "openvino", HW)[:b0])
+
+
+def test_flat_matrix_equals_rows(tiny_subgraphs):
+    items = [(subgraph_info(sg), b, HardwareDesc(2, t, False)) for sg in tiny_subgraphs[:20]
+             for b, t in (("onnxruntime", 1), ("torch", 2), ("xyz", 2))]
+    m = flat_matrix(items)
+    assert m.shape == (len(items), N_FEATURES) and m.dtype == np.float32
+    for i, it in enumerate(items):
+        np.testing.assert_array_equal(m[i], flat_row(*it))
+
+
+def test_op_histogram_counts():
+    g = import_model(chain_model())  # MatMul, Relu, Add, Sigmoid, Tanh, Mul
+    row = flat_row(subgraph_info(g.whole()), "onnxruntime", HW)
+    for op in ("MatMul", "Relu", "Add", "Sigmoid", "Tanh", "Mul"):
+        assert row[COL[f"op:{op}"]] == 1
+    assert row[: len(OPS) + 1].sum() == 6 and row[COL["op:other"]] == 0
+    assert row[COL["n_nodes"]] == 6 and row[COL["n_edges"]] == 6  # mm>r>a, a>s, a>t, s>y, t>y
+
+    # ops outside the vocabulary land in "other"; repeated ops count
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8])
+    nodes = [
+        helper.make_node("Sin", ["x"], ["a"], name="n0"),
+        helper.make_node("Relu", ["a"], ["b"], name="n1"),
+        helper.make_node("Cos", ["b"], ["c"], name="n2"),
+        helper.make_node("Relu", ["c"], ["y"], name="n3"),
+    ]
+    m = helper.make_model(helper.make_graph(nodes, "g", [x], [y]), opset_imports=[helper.make_opsetid("", 17)])
+    row = flat_row(subgraph_info(import_model(m).whole()), "onnxruntime", HW)
+    assert row[COL["op:other"]] == 2 and row[COL["op:Relu"]] == 2
+    assert row[COL["depth"]] == 4 and row[COL["n_inputs"]] == 1 and row[COL["n_outputs"]] == 1
+
+
+def test_graph_data_matches_the_subgraph(tiny_subgraphs):
+    torch = pytest.importorskip("torch")
+    big = max(tiny_subgraphs, key=len)
+    for sg in (big, *tiny_subgraphs[:10]):
+        info = subgraph_info(sg)
+        d = graph_data(info, "openvino", HW, y=-7.5)
+        n = len(sg)
+        assert tuple(d.x.shape) == (n, NODE_FEATURES) and d.x.dtype == torch.float32
+        assert tuple(d.u.shape) == (1, GLOBAL_FEATURES) and tuple(d.hw.shape) == (1, 3)
+        assert d.backend.tolist() == [BACKENDS.index("openvino")]
+        assert d.y.tolist() == [-7.5]
+        assert d.edge_index.dtype == torch.long and d.edge_index.shape[0] == 2
+        # edges: exactly the internal producer -> consumer pairs, in local (topological) indices
+        local = {gi: li for li, gi in enumerate(sg.node_indices)}
+        expected = {(local[p], local[c]) for c in sg.node_indices for p in sg.graph.preds[c] if p in local}
+        assert _edge_set(d.edge_index.numpy()) == expected
+        assert all(a < b for a, b in expected)
+        # op one-hot: one per node, at the node's op slot
+        np.testing.assert_array_equal(d.x[:, : len(OPS) + 1].sum(1).numpy(), np.ones(n))
+        ops = [OPS.index(nd.op_type) if nd.op_type in OPS else len(OPS) for nd in sg.nodes]
+        assert d.x[:, : len(OPS) + 1].argmax(1).tolist() == ops
+        # boundary flags
+        assert d.x[:, -2].sum() >= 1 and d.x[:, -1].sum() >= 1
+    assert graph_data(subgraph_info(big), "onnxruntime", HW).y is None
+
+
+def test_caches_can_be_cleared(tiny_subgraphs):
+    sg = tiny_subgraphs[0]
+    a = flat_row(subgraph_info(sg), "onnxruntime", HW)
+    info_mod._CACHE.clear()
+    flat_mod._CACHE.clear()
+    np.testing.assert_array_equal(flat_row(subgraph_info(sg), "onnxruntime", HW), a)
+
+
+def test_schema_mismatch_message(tmp_path):
+    check_schema(SCHEMA_VERSION, "x")  # fine
+    with pytest.raises(SchemaError) as e:
+        check_schema(SCHEMA_VERSION + 1, "cost model here")
+    msg = str(e.value)
+    assert "cost model here" in msg and f"schema {SCHEMA_VERSION + 1}" in msg and "collage-ml train" in msg
+    assert "\n" not in msg
+
+    from collage_ml.models.base import ARTIFACT_FORMAT, load_model
+
+    (tmp_path / "meta.json").write_text(
+        json.dumps({"format": ARTIFACT_FORMAT, "format_version": 1, "kind": "xgb", "schema_version": 0})
+    )
+    with pytest.raises(SchemaError, match="feature schema 0"):
+        load_model(tmp_path)

@@ -1,0 +1,218 @@
+"""XGBCostModel on synthetic samples with a known cost formula (no measurement database needed)."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+
+import numpy as np
+import pytest
+from scipy.stats import kendalltau
+
+from collage_ml.featurize import SCHEMA_VERSION, HardwareDesc, SchemaError, subgraph_info
+from collage_ml.featurize.schema import OP_INDEX
+from collage_ml.ir.graph import SubGraph
+from collage_ml.ir.importers import import_model
+from collage_ml.models import ArtifactError, Dataset, Sample, load_model
+from collage_ml.models.xgb import XGBCostModel
+from tests.helpers import random_convex_masks
+
+HW = HardwareDesc(cores=2, threads=2, gpu=False)
+BACKENDS = ("onnxruntime", "openvino", "torch")
+# the synthetic machine: launch overhead + per-node overhead + flops / speed per op class + bytes / bandwidth
+OVERHEAD = {"onnxruntime": 5e-6, "openvino": 30e-6, "torch": 15e-6}
+PER_NODE = {"onnxruntime": 2e-6, "openvino": 1e-6, "torch": 8e-6}
+SPEED = {  # flop/s for (conv, matmul, other) nodes
+    "onnxruntime": (20e9, 30e9, 2e9),
+    "openvino": (40e9, 6e9, 3e9),
+    "torch": (10e9, 25e9, 1e9),
+}
+BW = {"onnxruntime": 10e9, "openvino": 15e9, "torch": 5e9}
+CONV = [OP_INDEX["Conv"], OP_INDEX["ConvTranspose"]]
+MATMUL = [OP_INDEX["MatMul"], OP_INDEX["Gemm"], OP_INDEX["Einsum"]]
+
+# small and fast for tests
+PARAMS = dict(n_members=3, n_estimators=150, max_depth=4, learning_rate=0.1, update_rounds=60)
+
+
+def true_latency(info, backend: str) -> float:
+    v = info.node_values
+    flops, moved = v[:, 0], v[:, 1] + v[:, 2]
+    conv, mm = np.isin(info.ops, CONV), np.isin(info.ops, MATMUL)
+    sc, sm, so = SPEED[backend]
+    compute = flops[conv].sum() / sc + flops[mm].sum() / sm + flops[~(conv | mm)].sum() / so
+    return float(OVERHEAD[backend] + PER_NODE[backend] * info.n_nodes + compute + moved.sum() / BW[backend])
+
+
+def samples_of(models: list[tuple[str, int]], family: str, per_model: int = 300) -> Dataset:
+    infos = {}
+    for k, (name, batch) in enumerate(models):
+        g = import_model(name, batch=batch)
+        for mask in random_convex_masks(g, per_model, 10, seed=k):
+            info = subgraph_info(SubGraph(g, mask))
+            infos[info.hash] = info
+    return Dataset(
+        [
+            Sample(info, b, HW, true_latency(info, b), family=family, source=family)
+            for info in infos.values()
+            for b in BACKENDS
+        ]
+    )
+
+
+@pytest.fixture(scope="module")
+def convnets() -> Dataset:
+    return samples_of([("resnet50-tiny", 1), ("resnet50-tiny", 4), ("mobilenetv2-tiny", 2), ("nasnet-tiny", 1)], "conv")
+
+
+@pytest.fixture(scope="module")
+def transformers() -> Dataset:
+    return samples_of([("bert-tiny", 1), ("bert-tiny", 4)], "bert")
+
+
+@pytest.fixture(scope="module")
+def fitted(convnets):
+    train, test = convnets.random_split(0.3, seed=0)
+    return XGBCostModel(**PARAMS).fit(train), train, test
+
+
+def log_rmse(model, data: Dataset) -> float:
+    mu, _ = model.predict_log(data.samples)
+    return float(np.sqrt(np.mean((mu - data.y()) ** 2)))
+
+
+def test_ranks_held_out_subgraphs(fitted):
+    model, train, test = fitted
+    assert len(train) > 1000 and len(test) > 400
+    mu, sd = model.predict_log(test.samples)
+    tau = kendalltau(mu, test.y())[0]
+    assert tau > 0.8, tau
+    # predict() goes through the base class: latency in seconds
+    lat, unc = model.predict(test.samples[:50])
+    np.testing.assert_allclose(lat, np.exp(mu[:50]), rtol=1e-12)
+    np.testing.assert_array_equal(unc, sd[:50])
+    assert model.meta["trained_on"]["n"] == len(train)
+    assert model.meta["trained_on"]["backends"] == sorted(BACKENDS)
+
+
+def test_save_load_round_trip(fitted, tmp_path):
+    model, _, test = fitted
+    d = model.save(tmp_path / "m")
+    meta = json.loads((d / "meta.json").read_text())
+    assert meta["schema_version"] == SCHEMA_VERSION
+    assert meta["kind"] == "xgb"
+    assert meta["members"] == PARAMS["n_members"]
+    assert meta["params"]["n_estimators"] == PARAMS["n_estimators"]
+    files = {p.name for p in d.iterdir()}
+    assert files == {"meta.json"} | {f"member-{i}.json" for i in range(PARAMS["n_members"])}
+    for i in range(PARAMS["n_members"]):
+        assert "learner" in json.loads((d / f"member-{i}.json").read_text())  # XGBoost's JSON model
+
+    loaded = load_model(d)
+    assert isinstance(loaded, XGBCostModel)
+    assert loaded.params == model.params
+    assert loaded.hw == HW
+    a, b = model.predict_log(test.samples), loaded.predict_log(test.samples)
+    np.testing.assert_array_equal(a[0], b[0])
+    np.testing.assert_array_equal(a[1], b[1])
+
+
+def test_refuses_other_schema_version(fitted, tmp_path):
+    model, _, _ = fitted
+    src = model.save(tmp_path / "m")
+    d = shutil.copytree(src, tmp_path / "other")
+    meta = json.loads((d / "meta.json").read_text())
+    meta["schema_version"] = SCHEMA_VERSION + 41
+    (d / "meta.json").write_text(json.dumps(meta))
+    with pytest.raises(SchemaError) as e:
+        load_model(d)
+    msg = str(e.value)
+    assert re.search(rf"schema {SCHEMA_VERSION + 41}\b", msg) and re.search(rf"schema {SCHEMA_VERSION}\b", msg), msg
+    load_model(src)  # the untouched original still loads
+
+
+def test_refuses_damaged_artifacts(fitted, tmp_path):
+    model, _, _ = fitted
+    src = model.save(tmp_path / "m")
+
+    d = shutil.copytree(src, tmp_path / "cols")
+    meta = json.loads((d / "meta.json").read_text())
+    meta["feature_names"] = meta["feature_names"][:-1]
+    (d / "meta.json").write_text(json.dumps(meta))
+    with pytest.raises(ArtifactError, match="feature"):
+        load_model(d)
+
+    d = shutil.copytree(src, tmp_path / "missing")
+    (d / "member-1.json").unlink()
+    with pytest.raises(ArtifactError, match="member-1.json"):
+        load_model(d)
+
+
+def test_update_learns_a_new_family(convnets, transformers):
+    train, held = convnets.random_split(0.3, seed=1)
+    seen, unseen = transformers.random_split(0.6, seed=0)  # update with 40% of the new family's subgraphs
+    model = XGBCostModel(**PARAMS, retrain_fraction=10.0).fit(train)
+    before_new, before_old = log_rmse(model, unseen), log_rmse(model, held)
+    assert before_new > 2 * before_old  # the new family really is new to the model
+
+    info = model.update(seen)
+    assert info["mode"] == "continue" and info["n"] == len(seen) and info["replay"] == len(seen)
+    assert model.meta["updates"] == 1 and model.meta["update_samples"] == len(seen)
+    after_new, after_old = log_rmse(model, unseen), log_rmse(model, held)
+    assert after_new < 0.6 * before_new, (before_new, after_new)
+    assert after_old < 1.5 * before_old + 0.02, (before_old, after_old)  # the replay keeps it from forgetting
+
+
+def test_update_policy(convnets, tmp_path):
+    small = dict(n_members=2, n_estimators=20, max_depth=3, update_rounds=5, retrain_fraction=0.25)
+    data = convnets.sample(800, seed=0)
+    base, extra = data[:400], data[400:]
+    model = XGBCostModel(**small).fit(base)
+    trees = len(model.members[0].get_dump())
+    assert model.update(extra[:60])["mode"] == "continue"  # 60 < 0.25 * 400
+    assert len(model.members[0].get_dump()) == trees + 5
+    r = model.update(extra[60:110])  # 110 added since the fit >= 100
+    assert r["mode"] == "retrain" and r["trained_on"] == 510
+    assert len(model.members[0].get_dump()) == trees
+    assert model.meta["trained_on"]["n"] == 510 and model.meta["updates"] == 2
+    assert model.update(extra[110:150])["mode"] == "continue"  # 40 < 0.25 * 510
+
+    # a loaded model keeps no training data: it continues on the new samples alone, however many
+    loaded = load_model(model.save(tmp_path / "m"))
+    r = loaded.update(extra[150:300])
+    assert r["mode"] == "continue" and r["replay"] == 0 and r["n"] == 150
+    # later ones replay what came since the load, and never refit from that alone
+    r = loaded.update(extra[300:])
+    assert r["mode"] == "continue" and r["replay"] == 100
+    assert loaded.meta["updates"] == 5
+
+    fresh = XGBCostModel(**small)
+    assert fresh.update(Dataset())["mode"] == "none"
+    assert fresh.update(base)["mode"] == "retrain" and fresh.members
+
+
+def test_uncertainty(fitted, transformers):
+    model, train, test = fitted
+    noise = model.meta["noise_std"]
+    assert noise > 0
+
+    def parts(data):
+        mu, sd = model.predict_log(data.samples)
+        spread = model.predict_members(data.samples).std(axis=0, ddof=1)
+        np.testing.assert_allclose(sd, np.sqrt(spread**2 + noise**2))
+        assert (sd > 0).all()
+        return float(np.median(sd)), float(np.median(spread))
+
+    sd_train, spread_train = parts(train)
+    sd_in, spread_in = parts(test)  # unseen subgraphs of the training models
+    sd_out, spread_out = parts(transformers)  # an unseen op mix (MatMul-heavy transformer blocks)
+    # the members disagree more the further from the training data; the noise floor (the members' out-of-bag
+    # error, the same for every sample) damps that in the reported std but keeps the order
+    assert spread_train < spread_in and spread_out > 1.3 * spread_in, (spread_train, spread_in, spread_out)
+    assert sd_train < sd_in < sd_out
+
+
+def test_rejects_unknown_params():
+    with pytest.raises(TypeError, match="max_dpeth"):
+        XGBCostModel(max_dpeth=3)

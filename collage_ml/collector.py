@@ -207,14 +207,13 @@ def _subsampled_backend(name: str) -> bool:
 
 
 def focus_weights(candidates: Sequence[Any], cost_model: Any) -> list[float]:
-    """HOOK (focus sampler): one sampling weight per candidate, highest where the cost model is least sure.
+    """The focus sampler's weights: one per candidate, highest where the cost model is least sure.
 
-    Uses ``cost_model.predict(candidates) -> (mean, uncertainty)`` (seconds,
-    arrays of one value per candidate) and weights by the *relative*
-    uncertainty ``uncertainty / mean``, since latencies span orders of
-    magnitude. A candidate the model cannot predict (NaN/inf) gets the largest
-    weight. This is the minimal version of nn-Meter's adaptive loop: replace
-    the weighting here when the cost models report their own error estimates.
+    Uses ``cost_model.predict(candidates) -> (mean, uncertainty)``; the
+    uncertainty is the standard deviation of the predicted *log* latency
+    (:mod:`collage_ml.models.base`), already relative, so it is the weight
+    itself (nn-Meter's adaptive loop). A candidate the model cannot predict
+    (NaN/inf) gets the largest weight.
     """
     import numpy as np
 
@@ -228,8 +227,7 @@ def focus_weights(candidates: Sequence[Any], cost_model: Any) -> list[float]:
         raise CollageError(
             f"the cost model predicted {len(mean)} means and {len(unc)} uncertainties for {len(cands)} candidates"
         )
-    with np.errstate(divide="ignore", invalid="ignore"):
-        rel = np.abs(unc) / np.maximum(np.abs(mean), 1e-9)
+    rel = np.abs(unc)
     finite = np.isfinite(rel)
     top = float(rel[finite].max()) if finite.any() else 1.0
     rel = np.where(finite, rel, max(top, 1e-6))
@@ -244,16 +242,14 @@ def _load_cost_model(cost_model: Any) -> Any:
         if not callable(getattr(cost_model, "predict", None)):
             raise CollageError(f"the cost model {type(cost_model).__name__} has no predict(candidates) method")
         return cost_model
+    from collage_ml.models import load_model
+
+    if str(cost_model) == "default":
+        return load_model("default")
     path = Path(cost_model)
     if not path.exists():
         raise CollageError(f"{path}: no such cost model; train one with `collage-ml train` first")
-    try:  # HOOK: the cost-model package does not exist yet
-        from collage_ml.models import load as load_cost_model  # type: ignore[import-not-found]
-    except ImportError:
-        raise CollageError(
-            f"{path}: cannot load cost models: this version of collage-ml has no collage_ml.models"
-        ) from None
-    return load_cost_model(path)
+    return load_model(path)
 
 
 # ----------------------------------------------------------------------------- the plan
@@ -509,6 +505,7 @@ class CollectSummary:
     remaining: int = 0
     by_backend: dict[str, dict[str, int]] = field(default_factory=dict)
     by_family: dict[str, dict[str, int]] = field(default_factory=dict)
+    model_updates: int = 0  # focus sampler: cost-model updates from this run's measurements
     skipped: list[str] = field(default_factory=list)
     stopped: str = "complete"
     elapsed_s: float = 0.0
@@ -782,6 +779,16 @@ def collect(
             database = Database(db_path)
     else:
         database = db
+    feedback = None
+    if sampler == "focus":
+        # the one feedback loop, shared with ``place``: new measurements update the model, saved next to the DB
+        from collage_ml.featurize.hardware import HardwareDesc
+        from collage_ml.models.base import CostModel
+        from collage_ml.models.feedback import Feedback, updated_path
+
+        cost_model = _load_cost_model(cost_model)
+        if isinstance(cost_model, CostModel) and not dry_run:
+            feedback = Feedback(cost_model, updated_path(db_path, hw, cost_model.kind), HardwareDesc.current(threads))
     try:
         known = database.known_keys(hw) if database is not None else set()
         if _skip:
@@ -815,7 +822,7 @@ def collect(
                 total = p.planned if max_candidates is None else min(p.planned, int(max_candidates))
                 prog.start(total)
                 _measure(p, database, summary, prog, t_start, budget_minutes, max_candidates, threads, timing,
-                         timeout, on_measurement)
+                         timeout, on_measurement, feedback)
         summary.elapsed_s = _clock() - t_start
         if progress:
             from rich.console import Console
@@ -829,7 +836,7 @@ def collect(
 
 def _measure(
     p: CollectPlan, db, summary: CollectSummary, prog: _Progress, t_start: float, budget_minutes, max_candidates,
-    threads: int, timing, timeout: float, on_measurement,
+    threads: int, timing, timeout: float, on_measurement, feedback=None,
 ) -> None:
     from collage_ml.candidates import Candidate
     from collage_ml.cost import CandidateKey
@@ -884,6 +891,8 @@ def _measure(
                         prog.advance(summary)
                         continue
                     m = runner.measure_one(c, reference, work.family)
+                    if feedback is not None:
+                        feedback.add([(c, m)])
                     done += 1
                     summary._record(backend.name, work.family, m.valid)
                     if on_measurement is not None:
@@ -891,6 +900,8 @@ def _measure(
                     prog.advance(summary)
                 if summary.stopped != "complete":
                     break
+            if feedback is not None and feedback.flush(work.family):
+                summary.model_updates += 1
             del reference, graph
             if summary.stopped != "complete":
                 break

@@ -63,3 +63,14 @@ def test_guided_errors(tmp_path):
                          cost_model=tmp_path / "nope", timing=FAST)
     with pytest.raises(collage_ml.errors.CollageError, match="unknown mode"):
         collage_ml.place("dcgan-tiny", backends="onnxruntime", mode="fast", db=tmp_path / "m.db")
+
+
+def test_collect_focus_shares_the_feedback_loop(tmp_path, fixture_kind):
+    model = FlopsFixtureModel()
+    s = collage_ml.collect(models="dcgan-tiny", backends="onnxruntime", sampler="focus", cost_model=model,
+                           db=tmp_path / "c.db", max_candidates=4, batch_sizes="1", progress=False,
+                           timing=FAST)
+    assert s.measured == 4 and s.model_updates >= 1
+    assert 0 < len(model.seen) <= 4
+    saved = list((tmp_path / "cost-models").iterdir())
+    assert len(saved) == 1 and saved[0].name.endswith("-fixture")

@@ -82,28 +82,37 @@ def boundary_key(first, second, nbytes: int) -> CandidateKey:
     return CandidateKey(f"boundary:{nbytes}", f"{first.name}->{second.name}", f"{first.version}|{second.version}")
 
 
-def measure_boundaries(runner, backends: Sequence, sizes: Iterable[int] = SIZES) -> list[Measurement]:
-    """Measures (or reads from the runner's DB) the boundary cost of every ordered backend pair."""
+def measure_boundaries(
+    runner, backends: Sequence, sizes: Iterable[int] = SIZES, pairs: Iterable[tuple] | None = None,
+    cached_only: bool = False,
+) -> list[Measurement]:
+    """Measures (or reads from the runner's DB) the boundary cost of every ordered backend pair.
+
+    ``pairs`` restricts it to those (first, second) backend pairs; ``cached_only`` reads the DB only.
+    """
     out = []
-    for a in backends:
-        for b in backends:
-            for numel in sizes:
-                key = boundary_key(a, b, numel * 4)
-                cached = runner.lookup(key)
-                if cached is not None:
-                    out.append(cached)
-                    continue
-                timing = replace(runner.timing, time_cap=min(runner.timing.time_cap, BOUNDARY_TIME_CAP))
-                r = runner.worker_for([a, b]).run(BoundaryTask(a.spec(), b.spec(), numel, runner.threads, timing), runner.timeout)
-                m = Measurement(
-                    key=key, hardware=runner.hardware, valid=bool(r.get("valid")), samples=r.get("samples", []),
-                    median=r.get("median"), spread=r.get("spread"), threads=runner.threads,
-                    versions={**a.versions(), **b.versions()}, family="boundary", error_text=r.get("error_text", ""),
-                    extra=r.get("extra", {}),
-                )
-                if runner.db is not None:
-                    runner.db.commit(m)
-                out.append(m)
+    sizes = tuple(sizes)
+    todo = list(pairs) if pairs is not None else [(a, b) for a in backends for b in backends]
+    for a, b in todo:
+        for numel in sizes:
+            key = boundary_key(a, b, numel * 4)
+            cached = runner.lookup(key)
+            if cached is not None:
+                out.append(cached)
+                continue
+            if cached_only:
+                continue
+            timing = replace(runner.timing, time_cap=min(runner.timing.time_cap, BOUNDARY_TIME_CAP))
+            r = runner.worker_for([a, b]).run(BoundaryTask(a.spec(), b.spec(), numel, runner.threads, timing), runner.timeout)
+            m = Measurement(
+                key=key, hardware=runner.hardware, valid=bool(r.get("valid")), samples=r.get("samples", []),
+                median=r.get("median"), spread=r.get("spread"), threads=runner.threads,
+                versions={**a.versions(), **b.versions()}, family="boundary", error_text=r.get("error_text", ""),
+                extra=r.get("extra", {}),
+            )
+            if runner.db is not None:
+                runner.db.commit(m)
+            out.append(m)
     return out
 
 

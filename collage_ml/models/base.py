@@ -173,7 +173,11 @@ def load_model(path: str | Path) -> CostModel:
     meta = read_meta(p)
     directory = p if p.is_dir() else p.parent
     check_schema(meta.get("schema_version"), f"cost model {directory}")
-    model = model_class(str(meta.get("kind")))(**(meta.get("params") or {}))
+    cls = model_class(str(meta.get("kind")))
+    try:
+        model = cls(**(meta.get("params") or {}))
+    except (TypeError, ValueError) as e:
+        raise ArtifactError(f"cost model {directory} has parameters this collage-ml does not accept: {e}") from None
     hw = meta.get("hw")
     model.hw = HardwareDesc(**hw) if hw else None
     model.meta = {k: v for k, v in meta.items() if k not in ("format", "format_version", "kind", "schema_version", "params", "hw")}

@@ -17,7 +17,9 @@ mode would measure in full:
    predicted top-``k`` other backends and every backend whose interval
    (``z`` standard deviations) overlaps the chosen one's: the decision the
    cost model is least sure of. Then the DP runs again.
-4. It stops when the chosen plan contains only measured candidates. A
+4. It stops when the chosen plan contains only measured candidates (and,
+   with ``plan_check``, only measured hand-offs: the tuner prices a backend
+   pair's boundary at 0 until a chosen plan uses it, then measures it). A
    prediction never stands in for a measurement in the final plan. With
    ``optimism`` large enough that the lowered predictions are true lower
    bounds, the plan is optimal for the measured table (every other plan's
@@ -150,12 +152,15 @@ def guided_op_level(
     cfg: GuidedConfig = GuidedConfig(),
     known: Mapping[Hashable, float | None] | None = None,
     log: Callable[[str], None] | None = None,
+    plan_check: Callable[[DPResult], bool] | None = None,
 ) -> GuidedResult:
     """Runs the loop in the module docstring.
 
     ``keys[i]`` identifies candidate i's measurement (equal keys share one);
     ``measure(indices)`` measures the candidates at those indices and returns
     key -> seconds (None: invalid). ``known`` holds free measurements (cache hits).
+    ``plan_check(dp)`` is called on a fully measured plan; it returns True when
+    it measured something that changes costs (then the DP runs again).
     """
     say = log or (lambda s: None)
     n = len(cands)
@@ -230,6 +235,8 @@ def guided_op_level(
         chosen = {id(c) for c in dp.choice}
         todo = [i for i, c in enumerate(cands) if id(c) in chosen and keys[i] not in measured]
         if not todo:
+            if plan_check is not None and plan_check(dp):
+                continue
             break
         if cfg.measure_budget is not None and new >= cfg.measure_budget:
             budget_hit = True
@@ -311,6 +318,46 @@ class GuidedSession:
                 self._pred[k] = (float(m), float(s))
             self.predicted += len(uniq)
 
+    def boundaries(self, backends):
+        """The boundary table, measured lazily: pairs already in the DB are free; an unmeasured pair
+        costs 0 (optimistic) until a plan uses it, and is then measured (all sizes) before re-planning."""
+        from collage_ml.measure.boundary import BoundaryTable, measure_boundaries
+
+        self._bk = {b.name: b for b in backends}
+        self._bms = measure_boundaries(self.runner, backends, cached_only=True)
+        self.table = BoundaryTable(self._bms)
+        self.boundary_pairs_measured = 0
+
+        def boundary(a: str, b: str, nbytes: int) -> float:
+            v = self.table.cost(a, b, nbytes)
+            return 0.0 if v is None else v
+
+        return boundary
+
+    def _check_handoffs(self, dp) -> bool:
+        from collage_ml.measure.boundary import BoundaryTable, measure_boundaries
+
+        owner: dict[int, str] = {}
+        for c in dp.choice:
+            for n in c.subgraph.node_indices:
+                owner[n] = c.backend.name
+        need = set()
+        for c in dp.choice:
+            for t in c.subgraph.inputs:
+                if t in self.graph.producer:
+                    pair = (owner[self.graph.producer[t]], c.backend.name)
+                    if pair not in self.table.points:
+                        need.add(pair)
+        if not need:
+            return False
+        self.say(f"guided: measuring hand-off costs {', '.join(f'{a}->{b}' for a, b in sorted(need))}")
+        self._bms += measure_boundaries(self.runner, [], pairs=[(self._bk[a], self._bk[b]) for a, b in sorted(need)])
+        self.table = BoundaryTable(self._bms)
+        self.boundary_pairs_measured += len(need)
+        for a, b in need:  # a pair whose every size failed stays free, but is never measured twice
+            self.table.points.setdefault((a, b), [(1, 0.0)])
+        return True
+
     def op_level(self, boundary: BoundaryFn) -> GuidedResult:
         from collage_ml.search.tuner import Progress
 
@@ -345,7 +392,7 @@ class GuidedSession:
             self.result = guided_op_level(
                 self.graph, self.cands, keys,
                 [self._pred[k][0] for k in keys], [self._pred[k][1] for k in keys],
-                measure, boundary, self.cfg, known, self.say,
+                measure, boundary, self.cfg, known, self.say, plan_check=self._check_handoffs,
             )
         finally:
             bar.close()
@@ -397,4 +444,5 @@ class GuidedSession:
             "config": {k: getattr(self.cfg, k) for k in ("k", "z", "optimism", "prior_spread", "min_calibration", "min_tau",
                                                           "measure_budget")},
             "whole_model_plans_skipped": self.e2e_skipped,
+            "boundary_pairs_measured": self.boundary_pairs_measured,
         }

@@ -123,18 +123,12 @@ def place(
             uniq = len({c.key for c in todo})
             say(f"{graph.name}: {len(graph)} nodes, {len(cands)} candidates ({uniq} distinct) on "
                 f"{', '.join(b.name for b in backends)}")
-            boundary_ms = measure_boundaries(runner, backends)
-            table = BoundaryTable(boundary_ms)
-
-            def boundary(a: str, b: str, nbytes: int) -> float:
-                v = table.cost(a, b, nbytes)
-                return 0.0 if v is None else v
-
             guide = None
             if mode == "guided":
                 guide = GuidedSession(graph, cands, baselines, runner, database, cost_model, ref, progress, say,
-                               replace(guided_config or GuidedConfig(),
-                                       **({} if measure_budget is None else {"measure_budget": measure_budget})))
+                                      replace(guided_config or GuidedConfig(),
+                                              **({} if measure_budget is None else {"measure_budget": measure_budget})))
+                boundary = guide.boundaries(backends)
                 t_dp = time.perf_counter()
                 g = guide.op_level(boundary)
                 dp = g.dp
@@ -142,7 +136,14 @@ def place(
                     raise CollageError("guided placement could not cover the graph with measured candidates "
                                        "(raise measure_budget, or use mode='exhaustive')")
                 cost_of = {c.key: g.measured.get(c.key) for c in todo if c.key in g.measured}
+                table = guide.table
             else:
+                table = BoundaryTable(measure_boundaries(runner, backends))
+
+                def boundary(a: str, b: str, nbytes: int) -> float:
+                    v = table.cost(a, b, nbytes)
+                    return 0.0 if v is None else v
+
                 bar = Progress(progress, uniq, "measuring")
                 seen: set = set()
 

@@ -7,10 +7,11 @@ MODEL ?= resnet50
 setup:
 	@bash scripts/setup.sh
 
-# the main job: place $(MODEL) on the default CPU backends, every candidate measured
-# (cached in ~/.cache/collage-ml/measurements.db, so a second run is quick)
+# the main job: place $(MODEL) on the default CPU backends in guided mode: the shipped cost model
+# predicts every candidate and only the few that can matter are measured (measurements are cached in
+# ~/.cache/collage-ml/measurements.db and the updated model is saved next to it)
 demo: setup
-	$(PY) -m collage_ml.cli place $(MODEL) --max-region-size 2 --report .cache/demo/report.json --out .cache/demo/placed
+	$(PY) -m collage_ml.cli place $(MODEL) --mode guided --max-region-size 2 --report .cache/demo/report.json --out .cache/demo/placed
 
 test: setup
 	$(PY) -m pytest -q -p no:cacheprovider

@@ -410,10 +410,37 @@ class GuidedSession:
         m, s = self.baseline_prediction(c)
         return self.cal.bounds(c.backend.name, m, s)
 
+    def whole_model_estimate(self, c) -> float | None:
+        """Calibrated estimate of running the whole model on ``c``'s backend.
+
+        A region backend compiles the whole model as one region, which the
+        model predicts directly. An op-level backend (torch eager) runs it
+        kernel by kernel, so its estimate is the op-level DP over that
+        backend's own candidates (measured costs where known); None when they
+        do not cover the graph.
+        """
+        b = c.backend
+        if any(p.kind == "region" for p in b.patterns):
+            m, _ = self.baseline_prediction(c)
+            return self.cal.adjusted(b.name, m)
+        own = [x for x in self.cands if x.backend is b]
+        costs = []
+        for x in own:
+            if self.result is not None and x.key in self.result.measured:
+                costs.append(self.result.measured[x.key])
+            else:
+                m, _ = self.baseline_prediction(x)
+                costs.append(self.cal.adjusted(b.name, m))
+        try:
+            return solve(self.graph, own, costs).cost
+        except NoCoverError:
+            return None
+
     def worth_trying(self, c, best_seconds: float) -> bool:
         """Is a whole-model plan on ``c``'s backend worth an end-to-end measurement against ``best_seconds``?"""
-        lo, _ = self.bounds(c)
-        ok = lo <= best_seconds
+        est = self.whole_model_estimate(c)
+        _, sd = self.baseline_prediction(c)
+        ok = est is not None and est / math.exp(self.cfg.z * self.cal.sd(sd)) <= best_seconds
         if not ok:
             self.e2e_skipped += 1
         return ok

@@ -174,16 +174,16 @@ def place(
                     plans[f"all-{c.backend.name}"] = Plan.single(graph, c.backend, predicted_ms=cst * 1e3, **common)
                 elif guide is not None and c.key not in g.measured:
                     # not measured as a kernel: judged end to end only if the model says it may win
-                    pred = guide.baseline_prediction(c)
-                    baseline_pred_ms[c.backend.name] = pred[0] * 1e3
+                    est = guide.whole_model_estimate(c)
+                    if est is not None:
+                        baseline_pred_ms[c.backend.name] = est * 1e3
                     if guide.worth_trying(c, dp.cost):
-                        plans[f"all-{c.backend.name}"] = Plan.single(graph, c.backend, predicted_ms=pred[0] * 1e3,
+                        plans[f"all-{c.backend.name}"] = Plan.single(graph, c.backend, predicted_ms=est * 1e3,
                                                                      **common)
             # judge by executed end-to-end latency, every plan through the same executor, in two
             # rounds (forward, then reverse order) so that drift does not favour one plan; the
             # lower of a plan's two medians counts. A plan equal to another is measured once.
-            results = _measure_plans_e2e(runner, graph, plans, ref, say)
-            e2e_count = 2 * len({p.canonical() for p in plans.values()})  # two rounds each
+            results, e2e_count = _measure_plans_e2e(runner, graph, plans, ref, say)
             evo = None
             region_names = [b.name for b in backends if any(pt.kind == "region" for pt in b.patterns)]
             if graph_level and region_names and results["op-level"].get("valid"):
@@ -259,23 +259,34 @@ def place(
             database.close()
 
 
-def _measure_plans_e2e(runner, graph, plans: Mapping[str, Plan], ref, say) -> dict[str, dict]:
+#: a plan slower than the first round's best by more than this fraction is not measured again in round two
+#: (plan latencies repeat within a few percent; a second look cannot change the winner)
+SECOND_ROUND_MARGIN = 0.10
+
+
+def _measure_plans_e2e(runner, graph, plans: Mapping[str, Plan], ref, say) -> tuple[dict[str, dict], int]:
+    """(label -> best end-to-end result, number of measurements made)."""
     distinct: dict[tuple, list[str]] = {}
     for label, plan in plans.items():
         distinct.setdefault(plan.canonical(), []).append(label)
     order = list(distinct)
     best: dict[tuple, dict] = {}
+    count = 0
     for rnd, seq in enumerate((order, order[::-1])):
+        if rnd == 1:
+            first = [r["median"] for r in best.values() if r.get("valid")]
+            cutoff = min(first) * (1 + SECOND_ROUND_MARGIN) if first else float("inf")
         for canon in seq:
             label = distinct[canon][0]
             if rnd == 0:
                 say(f"measuring plan {label} end to end ({len(plans[label].partitions)} partitions)")
-            elif not best[canon].get("valid"):
+            elif not best[canon].get("valid") or best[canon]["median"] > cutoff:
                 continue
             r = measure_plan(runner, graph, plans[label], ref)
+            count += 1
             if canon not in best or (r.get("valid") and r["median"] < best[canon].get("median", float("inf"))):
                 best[canon] = r
-    return {label: best[canon] for canon, labels in distinct.items() for label in labels}
+    return {label: best[canon] for canon, labels in distinct.items() for label in labels}, count
 
 
 def _graph_level(runner, graph, dp_plan, backends, region_names, plans, results, ref, cost_of, table,

@@ -27,7 +27,6 @@ import argparse
 import json
 import math
 import shutil
-import tempfile
 import time
 from pathlib import Path
 
@@ -99,43 +98,42 @@ def main() -> None:
             continue
         console.print(f"[bold]{m}[/]")
         family = zoo.get(m).family
-        work = Path(tempfile.mkdtemp(prefix="guided-bench-"))
-        try:
-            row = {}
-            for variant in variants:
-                mode = "exhaustive" if variant == "exhaustive" else "guided"
-                kw = {}
-                if variant == "guided":
-                    kw["cost_model"] = args.cost_model
-                elif variant == "guided-lofo":
-                    kw["cost_model"] = lofo_model(family, args.kind, cache, console)
-                t = time.perf_counter()
-                pm = collage_ml.place(m, backends=args.backends, mode=mode, db=work / f"{variant}.db",
-                                      max_region_size=args.max_region_size, threads=args.threads, progress=False,
-                                      log=lambda s: console.print(f"[dim]  {s}[/]"), evo_config=evo, **kw)
-                rep = pm.report
-                row[variant] = {
-                    "wall_seconds": time.perf_counter() - t,
-                    "search_seconds": rep["search_seconds"],
-                    "measurements": rep["measurements"],
-                    "e2e_measurements": rep["e2e_measurements"],
-                    "plan_latency_ms": rep["plan_latency_ms"],
-                    "chosen": rep["chosen"],
-                    "partitions": len(rep["partitions"]),
-                    "pruned": rep.get("pruned", 0),
-                    "predicted_candidates": rep.get("predicted_candidates", 0),
-                    "guided": rep.get("guided"),
-                    "plan": pm.plan.to_json(),
-                }
-                row[variant]["_plan"] = pm.plan
-            again = remeasure(m, {k: row[k].pop("_plan") for k in variants}, args.threads)
-            for k in again:
-                row[k]["remeasured_ms"] = None if again[k] is None else again[k] * 1e3
-            results[m] = row
-            out.parent.mkdir(parents=True, exist_ok=True)
-            out.write_text(json.dumps(results, indent=1, default=str))
-        finally:
-            shutil.rmtree(work, ignore_errors=True)
+        work = cache / "dbs" / m  # fresh for every run, kept afterwards for a post-mortem
+        shutil.rmtree(work, ignore_errors=True)
+        work.mkdir(parents=True)
+        row = {}
+        for variant in variants:
+            mode = "exhaustive" if variant == "exhaustive" else "guided"
+            kw = {}
+            if variant == "guided":
+                kw["cost_model"] = args.cost_model
+            elif variant == "guided-lofo":
+                kw["cost_model"] = lofo_model(family, args.kind, cache, console)
+            t = time.perf_counter()
+            pm = collage_ml.place(m, backends=args.backends, mode=mode, db=work / f"{variant}.db",
+                                  max_region_size=args.max_region_size, threads=args.threads, progress=False,
+                                  log=lambda s: console.print(f"[dim]  {s}[/]"), evo_config=evo, **kw)
+            rep = pm.report
+            row[variant] = {
+                "wall_seconds": time.perf_counter() - t,
+                "search_seconds": rep["search_seconds"],
+                "measurements": rep["measurements"],
+                "e2e_measurements": rep["e2e_measurements"],
+                "plan_latency_ms": rep["plan_latency_ms"],
+                "chosen": rep["chosen"],
+                "partitions": len(rep["partitions"]),
+                "pruned": rep.get("pruned", 0),
+                "predicted_candidates": rep.get("predicted_candidates", 0),
+                "guided": rep.get("guided"),
+                "plan": pm.plan.to_json(),
+            }
+            row[variant]["_plan"] = pm.plan
+        again = remeasure(m, {k: row[k].pop("_plan") for k in variants}, args.threads)
+        for k in again:
+            row[k]["remeasured_ms"] = None if again[k] is None else again[k] * 1e3
+        results[m] = row
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(results, indent=1, default=str))
     for variant in variants[1:]:
         table(results, models, console, args, variant)
 

@@ -183,7 +183,15 @@ def place(
             # judge by executed end-to-end latency, every plan through the same executor, in two
             # rounds (forward, then reverse order) so that drift does not favour one plan; the
             # lower of a plan's two medians counts. A plan equal to another is measured once.
-            results, e2e_count = _measure_plans_e2e(runner, graph, plans, ref, say)
+            known_plans = {}
+            if guide is not None:
+                # a one-partition plan is a whole-model candidate that was already timed natively
+                whole_cost = {c.backend.name: cost_of.get(c.key) for c in baselines}
+                for label, pl in plans.items():
+                    if len(pl.partitions) == 1 and whole_cost.get(pl.partitions[0].backend) is not None:
+                        known_plans[label] = {"valid": True, "median": whole_cost[pl.partitions[0].backend],
+                                              "source": "whole-model candidate"}
+            results, e2e_count = _measure_plans_e2e(runner, graph, plans, ref, say, known_plans)
             evo = None
             region_names = [b.name for b in backends if any(pt.kind == "region" for pt in b.patterns)]
             if graph_level and region_names and results["op-level"].get("valid"):
@@ -264,13 +272,23 @@ def place(
 SECOND_ROUND_MARGIN = 0.10
 
 
-def _measure_plans_e2e(runner, graph, plans: Mapping[str, Plan], ref, say) -> tuple[dict[str, dict], int]:
-    """(label -> best end-to-end result, number of measurements made)."""
+def _measure_plans_e2e(runner, graph, plans: Mapping[str, Plan], ref, say,
+                       known: Mapping[str, dict] | None = None) -> tuple[dict[str, dict], int]:
+    """(label -> best end-to-end result, number of measurements made).
+
+    ``known`` (label -> result) are plans already measured whole (guided mode: a
+    one-partition plan is its whole-model candidate, timed natively); they are not run again.
+    """
     distinct: dict[tuple, list[str]] = {}
     for label, plan in plans.items():
         distinct.setdefault(plan.canonical(), []).append(label)
     order = list(distinct)
     best: dict[tuple, dict] = {}
+    for canon, labels in distinct.items():
+        for label in labels:
+            if known and label in known:
+                best[canon] = dict(known[label])
+    order = [c for c in order if c not in best]
     count = 0
     for rnd, seq in enumerate((order, order[::-1])):
         if rnd == 1:

@@ -61,15 +61,20 @@ def lofo_model(family: str, kind: str, cache: Path, console: Console):
 def remeasure(model_name: str, plans: dict, threads, rounds: int = 3) -> dict[str, float | None]:
     graph = import_model(model_name)
     ref = graph.reference()
-    best: dict[str, float | None] = {k: None for k in plans}
+    # identical plans (by canonical form) are one plan: measured once, so noise cannot tell them apart
+    first: dict[tuple, str] = {}
+    for k, p in plans.items():
+        first.setdefault(p.canonical(), k)
+    distinct = list(first.values())
+    best: dict[str, float | None] = {k: None for k in distinct}
     with Runner(threads=threads) as runner:
         for r in range(rounds):
-            order = list(plans) if r % 2 == 0 else list(plans)[::-1]
+            order = distinct if r % 2 == 0 else distinct[::-1]
             for k in order:
                 res = measure_plan(runner, graph, plans[k], ref)
                 if res.get("valid") and (best[k] is None or res["median"] < best[k]):
                     best[k] = res["median"]
-    return best
+    return {k: best[first[p.canonical()]] for k, p in plans.items()}
 
 
 def main() -> None:

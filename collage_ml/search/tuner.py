@@ -185,10 +185,13 @@ def place(
             # lower of a plan's two medians counts. A plan equal to another is measured once.
             known_plans = {}
             if guide is not None:
-                # a one-partition plan is a whole-model candidate that was already timed natively
+                # a one-partition plan is a whole-model candidate that was already timed natively; re-timing it
+                # end to end costs a compile and up to the timing cap, so it is skipped for slow models. Fast ones
+                # are re-timed: their single-process timings are bimodal on some machines (README, "Noise")
                 whole_cost = {c.backend.name: cost_of.get(c.key) for c in baselines}
                 for label, pl in plans.items():
-                    if len(pl.partitions) == 1 and whole_cost.get(pl.partitions[0].backend) is not None:
+                    cost = whole_cost.get(pl.partitions[0].backend) if len(pl.partitions) == 1 else None
+                    if cost is not None and cost >= REUSE_WHOLE_MODEL_TIMING_ABOVE:
                         known_plans[label] = {"valid": True, "median": whole_cost[pl.partitions[0].backend],
                                               "source": "whole-model candidate"}
             results, e2e_count = _measure_plans_e2e(runner, graph, plans, ref, say, known_plans)
@@ -270,6 +273,8 @@ def place(
 #: a plan slower than the first round's best by more than this fraction is not measured again in round two
 #: (plan latencies repeat within a few percent; a second look cannot change the winner)
 SECOND_ROUND_MARGIN = 0.10
+#: guided mode: a whole-model plan whose native whole-model timing is at least this many seconds is not re-timed
+REUSE_WHOLE_MODEL_TIMING_ABOVE = 5e-3
 
 
 def _measure_plans_e2e(runner, graph, plans: Mapping[str, Plan], ref, say,

@@ -55,12 +55,16 @@ def main() -> None:
         results[key] = pm.report
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(results, indent=1, default=str))
-    backends = args.backends.split(",")
+    from rich.markup import escape
+
+    from collage_ml.backends.base import split_backend_names
+
+    backends = split_backend_names(args.backends)
     t = Table(title=f"exhaustive placement, batch {args.batch}, {platform.processor() or platform.machine()}, "
                     f"max region {args.max_region_size}")
     for c in ["model"] + [f"{b} ms" for b in backends] + ["op-level ms", "two-level ms", "placed ms", "chosen",
                                                            "speed-up", "measured", "e2e runs", "search s"]:
-        t.add_column(c)
+        t.add_column(escape(c))
     speedups = []
     for m in models:
         r = results.get(f"{m}@b{args.batch}")

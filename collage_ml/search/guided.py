@@ -371,7 +371,8 @@ class GuidedSession:
         self.runner.cache_hits += len(known)
         self.say(f"guided: predicted {self.predicted} candidates with {type(self.model).__name__} "
                  f"({self.source}); {len(known)} already measured")
-        bar = Progress(self.progress, len(set(keys)) - len(known), "measuring (guided)")
+        # the total is an upper bound (guided mode measures few of them), so no ETA
+        bar = Progress(self.progress, len(set(keys)) - len(known), "measuring (guided; of at most)", eta=False)
 
         def measure(indices: list[int]) -> dict:
             batch = [self.cands[i] for i in indices]

@@ -45,14 +45,15 @@ class PlaceResult:
 class Progress:
     """A rich progress bar over measurements (a no-op when disabled)."""
 
-    def __init__(self, enabled: bool, total: int, title: str):
+    def __init__(self, enabled: bool, total: int, title: str, eta: bool = True):
         self.enabled = enabled and total > 0
         self.invalid: dict[str, int] = {}
         if self.enabled:
             from rich.progress import BarColumn, MofNCompleteColumn, Progress as RP, TextColumn, TimeRemainingColumn
 
-            self.bar = RP(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                          TimeRemainingColumn(), TextColumn("{task.fields[extra]}"), transient=False)
+            cols = [TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn()]
+            cols += [TimeRemainingColumn()] if eta else []
+            self.bar = RP(*cols, TextColumn("{task.fields[extra]}"), transient=False)
             self.task = self.bar.add_task(title, total=total, extra="")
             self.bar.start()
 

@@ -128,6 +128,11 @@ def _cmd_backends(args) -> int:
         [(b["name"], b["device"], "yes" if b["available"] else "no", b["version"], ",".join(b["kinds"]),
           b["reason"] or "") for b in info],
     )
+    from collage_ml.backends import configs
+
+    print("configurations (use as backend names, e.g. --backends 'onnxruntime,onnxruntime[spin=on]'):")
+    for grid in configs.grids().values():
+        print(f"  {grid}")
     return 0
 
 

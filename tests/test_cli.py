@@ -72,3 +72,10 @@ def test_console_script_no_traceback(tmp_path):
         [sys.executable, "-m", "collage_ml.cli", "--debug", "inspect", str(bad)], capture_output=True, text=True
     )
     assert r.returncode == 1 and "Traceback" in r.stderr
+
+
+def test_backends_lists_configuration_grids(capsys):
+    assert main(["backends"]) == 0
+    out = capsys.readouterr().out
+    assert "onnxruntime[opt=all|extended|basic|none, pool=own|shared, spin=off|on]" in out
+    assert "openvino[" in out and "streams=" in out

@@ -133,14 +133,8 @@ def _compute(info: SubgraphInfo) -> np.ndarray:
 
 
 def flat_row(info: SubgraphInfo, backend: str, hw: HardwareDesc) -> np.ndarray:
-    row = np.zeros(N_FEATURES, dtype=np.float32)
-    sub = subgraph_part(info)
-    row[:_N_SUB] = sub
-    row[_N_SUB + backend_slot(backend)] = 1.0
-    tail = _N_SUB + N_BACKENDS
-    row[tail : tail + 3] = hw.vector()
-    row[tail + 3] = sub[N_OPS] - np.log(max(hw.threads, 1))
-    return row
+    """One row; see :func:`flat_matrix`."""
+    return flat_matrix([(info, backend, hw)])[0]
 
 
 def flat_matrix(items: Sequence[tuple[SubgraphInfo, str, HardwareDesc]]) -> np.ndarray:

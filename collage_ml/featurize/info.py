@@ -11,7 +11,6 @@ because the skeleton carries every shape.
 
 from __future__ import annotations
 
-import math
 from collections import OrderedDict
 from dataclasses import dataclass
 
@@ -221,7 +220,3 @@ def info_from_onnx(data: bytes, expected_hash: str | None = None) -> SubgraphInf
     if expected_hash is not None and expected_hash != info.hash:
         info = SubgraphInfo(**{**info.__dict__, "hash": expected_hash})
     return info
-
-
-def log1p(x) -> np.ndarray | float:
-    return np.log1p(np.maximum(x, 0)) if isinstance(x, np.ndarray) else math.log1p(max(x, 0.0))

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import importlib
 import json
-import math
 import time
 from abc import ABC, abstractmethod
 from pathlib import Path
@@ -231,12 +230,3 @@ def default_artifact(kind: str | None = None, threads: int | None = None) -> Pat
         f"shipped: {have}. Train one: collage-ml collect, then collage-ml train --db DB --model xgb -o ARTIFACT"
     )
 
-
-def log_interval(mean: np.ndarray, sd: np.ndarray, z: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
-    """(low, high) latency bounds ``mean * exp(∓ z * sd)``."""
-    f = np.exp(z * np.asarray(sd))
-    return np.asarray(mean) / f, np.asarray(mean) * f
-
-
-def finite_or(x: float, default: float) -> float:
-    return x if math.isfinite(x) else default

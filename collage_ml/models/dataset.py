@@ -17,7 +17,6 @@ leak into training.
 from __future__ import annotations
 
 import math
-import os
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -138,9 +137,8 @@ class Dataset:
             hw_cache: dict[tuple[str, int], HardwareDesc] = {}
             out: list[Sample] = []
             skipped = 0
-            it: Iterable[Measurement] = rows
             bar = _progress(len(rows), "featurizing", progress)
-            for m in it:
+            for m in rows:
                 bar()
                 if m.median is None or not m.median > 0:
                     continue
@@ -218,6 +216,3 @@ def items_of(objs: Sequence[Any], hw: HardwareDesc) -> list[Sample]:
             out.append(Sample(subgraph_info(o.subgraph), o.backend.name, hw, None, key=o.key, pattern=o.pattern))
     return out
 
-
-def cpu_threads() -> int:
-    return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1))

@@ -48,6 +48,7 @@ from collage_ml.models.evaluate import (  # noqa: E402
     evaluate,
     few_shot,
     format_metric,
+    json_safe,
     leave_one_family_out,
 )
 
@@ -158,18 +159,6 @@ def plot(path: Path, preds: dict[str, dict[str, dict[str, Any]]]) -> None:
     log(f"wrote {path}")
 
 
-def clean(o: Any) -> Any:
-    if isinstance(o, float):
-        return o if math.isfinite(o) else None
-    if isinstance(o, dict):
-        return {str(k): clean(v) for k, v in o.items()}
-    if isinstance(o, (list, tuple)):
-        return [clean(v) for v in o]
-    if hasattr(o, "tolist"):
-        return clean(o.tolist())
-    return o
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--db", type=Path, default=DEFAULT_DB, help="main measurement database")
@@ -269,7 +258,7 @@ def main() -> int:
         plot(args.plot, preds)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(clean(results), indent=1, default=str))
+        args.json.write_text(json.dumps(json_safe(results), indent=1, default=str))
         log(f"wrote {args.json}")
     log(f"done in {results['seconds']:.0f} s")
     return 0

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 import time
 from pathlib import Path
@@ -160,23 +159,10 @@ def _metrics_table(title: str, rows: dict[str, dict[str, Any]]) -> None:
     Console().print(t)
 
 
-def _clean(o: Any) -> Any:
-    """JSON-safe: NaN and infinities become null."""
-    if isinstance(o, float):
-        return o if math.isfinite(o) else None
-    if isinstance(o, dict):
-        return {str(k): _clean(v) for k, v in o.items()}
-    if isinstance(o, (list, tuple)):
-        return [_clean(v) for v in o]
-    if hasattr(o, "tolist"):
-        return _clean(o.tolist())
-    return o
-
-
 # ----------------------------------------------------------------------------- train
 def _train(args) -> int:
     from collage_ml.models.base import create_model
-    from collage_ml.models.evaluate import average_metrics
+    from collage_ml.models.evaluate import average_metrics, json_safe
 
     params = dict(args.param)
     try:
@@ -216,7 +202,7 @@ def _train(args) -> int:
         if len(held) > 1:
             summary["holdout_average"] = average_metrics(held)
     if args.json:
-        print(json.dumps(_clean(summary), indent=2, default=str))
+        print(json.dumps(json_safe(summary), indent=2, default=str))
         return 0
     print(
         f"trained {args.model} on {len(train)} samples ({len(summary['sources'])} sources: "
@@ -238,7 +224,7 @@ def _eval(args) -> int:
     import numpy as np
 
     from collage_ml.models.base import ArtifactError, load_model
-    from collage_ml.models.evaluate import evaluate_predictions
+    from collage_ml.models.evaluate import evaluate_predictions, json_safe
 
     try:
         model = load_model(args.artifact)
@@ -275,7 +261,7 @@ def _eval(args) -> int:
         "per_family": per,
     }
     if args.json:
-        print(json.dumps(_clean(result), indent=2, default=str))
+        print(json.dumps(json_safe(result), indent=2, default=str))
         return 0
     rows = dict(per)
     rows["all" if per else families[0]] = overall

@@ -442,6 +442,19 @@ def format_metric(name: str, value: Any) -> str:
     return str(value)
 
 
+def json_safe(o: Any) -> Any:
+    """Metrics as JSON-safe values: NaN and infinities become null, arrays lists, keys strings."""
+    if isinstance(o, float):
+        return o if math.isfinite(o) else None
+    if isinstance(o, dict):
+        return {str(k): json_safe(v) for k, v in o.items()}
+    if isinstance(o, (list, tuple)):
+        return [json_safe(v) for v in o]
+    if hasattr(o, "tolist"):
+        return json_safe(o.tolist())
+    return o
+
+
 __all__ = [
     "DecisionGroups",
     "HIGHER_IS_BETTER",
@@ -453,6 +466,7 @@ __all__ = [
     "evaluate_predictions",
     "few_shot",
     "format_metric",
+    "json_safe",
     "leave_one_family_out",
     "metrics_from_predictions",
     "ranking_metrics",

@@ -119,8 +119,12 @@ def measure_boundaries(
 class BoundaryTable:
     """Boundary cost lookup by (first backend, second backend, bytes), interpolated in log-size."""
 
-    def __init__(self, measurements: Iterable[Measurement]):
+    def __init__(self, measurements: Iterable[Measurement] = ()):
         self.points: dict[tuple[str, str], list[tuple[int, float]]] = {}
+        self.add(measurements)
+
+    def add(self, measurements: Iterable[Measurement]) -> None:
+        """Adds boundary measurements (invalid ones and other rows are ignored)."""
         for m in measurements:
             if not m.valid or not m.key.subgraph_hash.startswith("boundary:"):
                 continue
@@ -138,6 +142,11 @@ class BoundaryTable:
         xs = [math.log(max(p[0], 1)) for p in pts]
         ys = [p[1] for p in pts]
         return float(np.interp(math.log(max(nbytes, 1)), xs, ys))
+
+    def seconds(self, first: str, second: str, nbytes: int) -> float:
+        """:meth:`cost`, with 0 for a pair never measured: the search's boundary function."""
+        v = self.cost(first, second, nbytes)
+        return 0.0 if v is None else v
 
     def rows(self) -> list[dict]:
         return [

@@ -84,9 +84,16 @@ class GuidedResult:
     fell_back: bool  # the model disagreed with the measurements; everything was measured
     budget_hit: bool
     tau: float | None  # rank agreement of predictions with this run's measurements
-    bias: dict[str, float] = field(default_factory=dict)
-    spread: float = 0.0
+    calibration: Calibration  # as fitted on this run's measurements; the later stages reuse it
     log: list[str] = field(default_factory=list)
+
+    @property
+    def bias(self) -> dict[str, float]:
+        return dict(self.calibration.bias)
+
+    @property
+    def spread(self) -> float:
+        return self.calibration.spread
 
 
 def kendall_tau(a: Sequence[float], b: Sequence[float]) -> float | None:
@@ -277,8 +284,7 @@ def guided_op_level(
         fell_back=fell_back,
         budget_hit=budget_hit,
         tau=tau,
-        bias=dict(cal.bias),
-        spread=cal.spread,
+        calibration=cal,
         log=lines,
     )
 
@@ -324,18 +330,12 @@ class GuidedSession:
         from collage_ml.measure.boundary import BoundaryTable, measure_boundaries
 
         self._bk = {b.name: b for b in backends}
-        self._bms = measure_boundaries(self.runner, backends, cached_only=True)
-        self.table = BoundaryTable(self._bms)
+        self.table = BoundaryTable(measure_boundaries(self.runner, backends, cached_only=True))
         self.boundary_pairs_measured = 0
-
-        def boundary(a: str, b: str, nbytes: int) -> float:
-            v = self.table.cost(a, b, nbytes)
-            return 0.0 if v is None else v
-
-        return boundary
+        return self.table.seconds
 
     def _check_handoffs(self, dp) -> bool:
-        from collage_ml.measure.boundary import BoundaryTable, measure_boundaries
+        from collage_ml.measure.boundary import measure_boundaries
 
         owner: dict[int, str] = {}
         for c in dp.choice:
@@ -351,8 +351,7 @@ class GuidedSession:
         if not need:
             return False
         self.say(f"guided: measuring hand-off costs {', '.join(f'{a}->{b}' for a, b in sorted(need))}")
-        self._bms += measure_boundaries(self.runner, [], pairs=[(self._bk[a], self._bk[b]) for a, b in sorted(need)])
-        self.table = BoundaryTable(self._bms)
+        self.table.add(measure_boundaries(self.runner, [], pairs=[(self._bk[a], self._bk[b]) for a, b in sorted(need)]))
         self.boundary_pairs_measured += len(need)
         for a, b in need:  # a pair whose every size failed stays free, but is never measured twice
             self.table.points.setdefault((a, b), [(1, 0.0)])
@@ -397,9 +396,7 @@ class GuidedSession:
             )
         finally:
             bar.close()
-        self.cal = Calibration(self.cfg)
-        self.cal.bias, self.cal.spread = self.result.bias, self.result.spread
-        self.cal.global_bias = float(np.median(list(self.result.bias.values()))) if self.result.bias else 0.0
+        self.cal = self.result.calibration
         return self.result
 
     # -- predictions for the end-to-end stages ------------------------------------------------
@@ -437,9 +434,9 @@ class GuidedSession:
         except NoCoverError:
             return None
 
-    def worth_trying(self, c, best_seconds: float) -> bool:
-        """Is a whole-model plan on ``c``'s backend worth an end-to-end measurement against ``best_seconds``?"""
-        est = self.whole_model_estimate(c)
+    def worth_trying(self, c, est: float | None, best_seconds: float) -> bool:
+        """Is a whole-model plan on ``c``'s backend, estimated at ``est`` (:meth:`whole_model_estimate`),
+        worth an end-to-end measurement against ``best_seconds``?"""
         _, sd = self.baseline_prediction(c)
         ok = est is not None and est / math.exp(self.cfg.z * self.cal.sd(sd)) <= best_seconds
         if not ok:

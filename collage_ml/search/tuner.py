@@ -140,10 +140,7 @@ def place(
                 table = guide.table
             else:
                 table = BoundaryTable(measure_boundaries(runner, backends))
-
-                def boundary(a: str, b: str, nbytes: int) -> float:
-                    v = table.cost(a, b, nbytes)
-                    return 0.0 if v is None else v
+                boundary = table.seconds
 
                 bar = Progress(progress, uniq, "measuring")
                 seen: set = set()
@@ -178,7 +175,7 @@ def place(
                     est = guide.whole_model_estimate(c)
                     if est is not None:
                         baseline_pred_ms[c.backend.name] = est * 1e3
-                    if guide.worth_trying(c, dp.cost):
+                    if guide.worth_trying(c, est, dp.cost):
                         plans[f"all-{c.backend.name}"] = Plan.single(graph, c.backend, predicted_ms=est * 1e3,
                                                                      **common)
             # judge by executed end-to-end latency, every plan through the same executor, in two
@@ -347,7 +344,7 @@ def _graph_level(runner, graph, dp_plan, backends, region_names, plans, results,
             for t in sg.inputs:
                 if t in graph.producer and owner[graph.producer[t]] != k:
                     src = plan.partitions[owner[graph.producer[t]]].backend
-                    total += table.cost(src, p.backend, graph.tensors[t].nbytes) or 0.0
+                    total += table.seconds(src, p.backend, graph.tensors[t].nbytes)
         return total
 
     cfg = config or EvoConfig()

@@ -31,24 +31,19 @@ def resolve_cost_model(spec: Any, db_path: str | Path | None, fingerprint: str) 
     else the shipped artifact that fits this machine).
     """
     if isinstance(spec, CostModel):
-        save = updated_path(db_path, fingerprint, spec.kind) if db_path is not None else None
-        return spec, "given", save
-    if spec is None or str(spec) == "default":
-        if db_path is not None:
-            for kind in KINDS:
-                p = updated_path(db_path, fingerprint, kind)
-                try:
-                    read_meta(p)
-                except Exception:
-                    continue
-                return load_model(p), str(p), p
-        model = load_model("default")
-        save = updated_path(db_path, fingerprint, model.kind) if db_path is not None else None
-        return model, "shipped default", save
-    model = load_model(spec)
-    save = updated_path(db_path, fingerprint, model.kind) if db_path is not None else None
-    return model, str(spec), save
-
+        model, source = spec, "given"
+    elif spec is None or str(spec) == "default":
+        for kind in KINDS if db_path is not None else ():
+            p = updated_path(db_path, fingerprint, kind)
+            try:
+                read_meta(p)
+            except Exception:
+                continue
+            return load_model(p), str(p), p
+        model, source = load_model("default"), "shipped default"
+    else:
+        model, source = load_model(spec), str(spec)
+    return model, source, (updated_path(db_path, fingerprint, model.kind) if db_path is not None else None)
 
 class Feedback:
     def __init__(self, model: CostModel, save_to: Path | None, hw: HardwareDesc):

@@ -62,3 +62,16 @@ def random_convex_masks(graph, count: int, max_size: int, seed: int = 0) -> list
                 mask |= 1 << j
         out.append(mask)
     return out
+
+
+def assert_compiled_matches_reference(backend, graph, ref, mask: int, threads: int, label: str) -> None:
+    """Compiles ``graph.subgraph(mask)`` on ``backend``, runs it on the reference inputs, and checks its outputs."""
+    from collage_ml.backends.base import to_numpy
+    from collage_ml.measure.timing import compare
+
+    sg = graph.subgraph(mask)
+    exe = backend.compile(sg, threads=threads)
+    feeds, expected = sg.reference_io(ref)
+    outs = [to_numpy(o) for o in exe(*[feeds[n] for n in exe.input_names])]
+    cmp = compare(outs, expected, list(exe.output_names))
+    assert cmp.ok, f"{label} {sg}: {cmp.detail}"

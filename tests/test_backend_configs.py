@@ -35,7 +35,7 @@ from collage_ml.ir import from_onnx, import_model
 from collage_ml.measure.runner import Runner, Task, build_backend, execute
 from collage_ml.measure.timing import TimingConfig, compare
 from collage_ml.plan import Plan
-from tests.helpers import chain_model
+from tests.helpers import assert_compiled_matches_reference, chain_model
 
 ROOT = Path(__file__).resolve().parents[1]
 FAST = TimingConfig(warmup=1, warmup_seconds=0.0, min_repeats=3, max_repeats=5, time_cap=0.2)
@@ -201,12 +201,7 @@ def test_configured_backends_match_reference(name):
     ref = g.reference()
     masks = [g.all_mask] + [m for m in _some_regions(g, b)][:2]
     for mask in masks:
-        sg = g.subgraph(mask)
-        exe = b.compile(sg, threads=2)
-        feeds, expected = sg.reference_io(ref)
-        outs = [to_numpy(o) for o in exe(*[feeds[n] for n in exe.input_names])]
-        cmp = compare(outs, expected, list(exe.output_names))
-        assert cmp.ok, f"{name} {sg}: {cmp.detail}"
+        assert_compiled_matches_reference(b, g, ref, mask, 2, name)
 
 
 def _some_regions(g, b):

@@ -10,8 +10,7 @@ from collage_ml.backends.base import Backend, get_backend, registered, resolve_b
 from collage_ml.backends.patterns import OpPattern, RegionPattern, _grow, step
 from collage_ml.errors import BackendError
 from collage_ml.ir import from_onnx, import_model, zoo
-from collage_ml.measure.timing import compare
-from tests.helpers import chain_model
+from tests.helpers import assert_compiled_matches_reference, chain_model
 
 TINY = [n for n in zoo.names() if n.endswith("-tiny")]
 
@@ -121,12 +120,7 @@ def test_region_backends_match_reference(backend_name, model):
     masks = list(RegionPattern("r", max_size=4, max_regions=40).matches(g, lambda n: b.supports(g, n)))
     picked = masks[:1] + masks[1:: max(1, len(masks) // 4)][:4]
     for mask in picked:
-        sg = g.subgraph(mask)
-        exe = b.compile(sg, threads=1)
-        feeds, expected = sg.reference_io(ref)
-        outs = [to_numpy(o) for o in exe(*[feeds[n] for n in exe.input_names])]
-        cmp = compare(outs, expected, list(exe.output_names))
-        assert cmp.ok, f"{backend_name} {model} {sg}: {cmp.detail}"
+        assert_compiled_matches_reference(b, g, ref, mask, 1, f"{backend_name} {model}")
 
 
 def test_region_backends_accept_torch_tensors():

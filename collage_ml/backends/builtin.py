@@ -6,4 +6,6 @@ from collage_ml.backends import openvino_backend  # noqa: F401
 from collage_ml.backends import torch_backend  # noqa: F401
 from collage_ml.backends import inductor_backend  # noqa: F401
 from collage_ml.backends import tvm_backend  # noqa: F401
+from collage_ml.backends import mnn_backend  # noqa: F401
+from collage_ml.backends import tinygrad_backend  # noqa: F401
 from collage_ml.backends import cuda  # noqa: F401  (registers CUDA variants only when a GPU is present)

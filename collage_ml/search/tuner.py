@@ -225,6 +225,7 @@ def place(
                 "plan_latency_ms": best.measured_ms,
                 "op_level_predicted_ms": dp.cost * 1e3,
                 "op_level_ms": results["op-level"]["median"] * 1e3 if results["op-level"].get("valid") else None,
+                "op_level_plan": dp_plan.to_dict(),
                 "graph_level_ms": evo.best.seconds * 1e3 if evo is not None and evo.best is not None else None,
                 "generations": evo.generations if evo is not None else 0,
                 "e2e_measurements": (evo.e2e_measurements if evo is not None else 0) + e2e_count,

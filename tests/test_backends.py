@@ -134,3 +134,21 @@ def test_region_backends_accept_torch_tensors():
         if b.available():
             (y,) = b.compile(g.whole())(x)
             np.testing.assert_allclose(to_numpy(y), want, rtol=1e-5, atol=1e-6)
+
+
+def test_openvino_outputs_are_not_overwritten_by_the_next_call():
+    """OpenVINO writes each call's outputs straight into fresh arrays: an earlier result must survive
+    the next call (a reused request buffer would silently change it)."""
+    b = get_backend("openvino")
+    if not b.available():
+        pytest.skip(b.unavailable_reason())
+    g = from_onnx(chain_model())
+    exe = b.compile(g.whole())
+    x1, x2 = np.full((1, 8), 0.5, np.float32), np.full((1, 8), -2.0, np.float32)
+    (y1,) = exe(x1)
+    kept = np.array(y1, copy=True)
+    (y2,) = exe(x2)
+    np.testing.assert_array_equal(y1, kept)
+    np.testing.assert_allclose(y1, g.reference({"x": x1})["y"], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(y2, g.reference({"x": x2})["y"], rtol=1e-5, atol=1e-6)
+    assert not np.shares_memory(y1, y2)

@@ -142,9 +142,21 @@ def test_openvino_outputs_are_not_overwritten_by_the_next_call():
     b = get_backend("openvino")
     if not b.available():
         pytest.skip(b.unavailable_reason())
-    g = from_onnx(chain_model())
+    from onnx import TensorProto, helper
+
+    from collage_ml.backends import openvino_backend
+
+    shape = [256, 256]  # a 256 KiB float32 output: written in place
+    assert 256 * 256 * 4 >= openvino_backend.ZERO_COPY_MIN_BYTES
+    m = helper.make_model(helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Add", ["r", "x"], ["y"])], "big",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, shape)]), opset_imports=[helper.make_opsetid("", 17)])
+    g = from_onnx(m)
     exe = b.compile(g.whole())
-    x1, x2 = np.full((1, 8), 0.5, np.float32), np.full((1, 8), -2.0, np.float32)
+    assert exe._out_specs is not None
+    x1 = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
+    x2 = np.random.default_rng(1).standard_normal(shape).astype(np.float32)
     (y1,) = exe(x1)
     kept = np.array(y1, copy=True)
     (y2,) = exe(x2)

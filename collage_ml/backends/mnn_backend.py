@@ -7,10 +7,11 @@ region) into a temporary ``.mnn`` file, loaded with
 ``precision=high`` (fp32) and ``threads`` threads, and run through MNN's
 expression API.
 
-MNN is **opt-in**: ``benchmarks/kernel_libraries.py`` found no region kind of
-the zoo where it beats the best default backend-configuration by more than 5%
-within the fp32 correctness gate (README, "More kernel libraries"). Name it
-explicitly: ``--backends onnxruntime,mnn``.
+MNN is **opt-in**. ``benchmarks/kernel_libraries.py`` found one region kind
+where it beats the best default backend-configuration by more than 5% within
+the fp32 gate (ConvTranspose at batch 16), but no zoo plan that gains from it
+end to end (README, "More kernel libraries"). Name it explicitly:
+``--backends onnxruntime,openvino,mnn``.
 
 Configurations (:attr:`MnnBackend.CONFIGS`, defaults first)::
 

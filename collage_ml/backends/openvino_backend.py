@@ -43,6 +43,10 @@ SUPPORTED_OPS = frozenset(
 )
 
 
+#: outputs of at least this many bytes in all are written in place rather than copied out
+ZERO_COPY_MIN_BYTES = 128 * 1024
+
+
 class OpenVinoExecutable(Executable):
     def __init__(self, compiled, input_names, output_names):
         import openvino as ov
@@ -53,12 +57,16 @@ class OpenVinoExecutable(Executable):
         self.input_names = tuple(input_names)
         self.output_names = tuple(output_names)
         self._outputs = list(compiled.outputs)
-        # static outputs are written straight into a fresh array per call (OpenVINO uses a user-set
-        # output tensor as its output memory); otherwise the request's buffer, which the next call
-        # reuses, is copied out. The copy cost up to a few ms per call on batch-16 activations.
+        # Large static outputs are written straight into a fresh array per call (OpenVINO uses a
+        # user-set output tensor as its output memory); small ones are copied out of the request's
+        # buffer, which the next call reuses. Copying costs up to a few ms per call on batch-16
+        # activations; setting output tensors costs 2-25 us per call, more than copying a few KB
+        # (benchmarks/openvino_output_copy.py).
         self._out_specs = None
         if all(o.get_partial_shape().is_static for o in self._outputs):
-            self._out_specs = [(tuple(o.get_shape()), o.get_element_type().to_dtype()) for o in self._outputs]
+            specs = [(tuple(o.get_shape()), o.get_element_type().to_dtype()) for o in self._outputs]
+            if sum(int(np.prod(shape)) * np.dtype(dt).itemsize for shape, dt in specs) >= ZERO_COPY_MIN_BYTES:
+                self._out_specs = specs
 
     def __call__(self, *inputs: Any) -> list[Any]:
         ov = self._ov
@@ -126,9 +134,10 @@ class OpenVinoBackend(Backend):
 
         v = f"{ov.__version__.split('-')[0]}+{self.hint.lower()}-s{self.streams}"
         v = v if self.pin else v + "-pin0"
-        # "-zc": outputs written straight into the caller's arrays (no copy out of the request); timings
-        # from before that change (up to 1.6x slower on large memory-bound kernels) keep their own keys
-        return v + "-zc"
+        # "-zc2": outputs of 128 KiB or more written straight into the caller's arrays (no copy out of
+        # the request); timings from before (up to 1.6x slower on large memory-bound kernels) and from
+        # the first version ("-zc", in place for every size: 2-25 us slower on tiny kernels) keep their keys
+        return v + "-zc2"
 
     @property
     def core(self):

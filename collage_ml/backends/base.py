@@ -20,6 +20,7 @@ import importlib.metadata
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
+from onnx import TensorProto
 
 from collage_ml.errors import BackendError, describe
 from collage_ml.ir.graph import Graph, Node, SubGraph
@@ -188,6 +189,27 @@ def to_numpy(x: Any) -> np.ndarray:
     if hasattr(x, "numpy") and callable(x.numpy):
         return np.asarray(x.numpy())
     return np.asarray(x)
+
+
+def float32_boundary_node(graph: Graph, node: Node, integer_ops: Iterable[str] | None = None) -> bool:
+    """For runtimes that exchange float32 tensors only (MNN, tinygrad): are ``node``'s outputs float32,
+    and is every other input a constant (an initializer) after the first, which the runtime folds as a
+    shape, axis or pad? ``integer_ops`` limits such constant inputs to these op types (None: any op)."""
+    if any(graph.tensors[t].elem_type != TensorProto.FLOAT for t in node.outputs if t):
+        return False
+    for i, t in enumerate(node.inputs):
+        if not t or graph.tensors[t].elem_type == TensorProto.FLOAT:
+            continue
+        if i == 0 or t not in graph.initializers or (integer_ops is not None and node.op_type not in integer_ops):
+            return False
+    return True
+
+
+def require_float32_inputs(backend: str, sg: SubGraph) -> None:
+    """Raises BackendError naming the first input of ``sg`` that is not float32."""
+    for n in sg.inputs:
+        if sg.graph.tensors[n].elem_type != TensorProto.FLOAT:
+            raise BackendError(f"{backend} runs float32 region inputs only; {n!r} of {sg} is not float32")
 
 
 # -- registry --------------------------------------------------------------------------------

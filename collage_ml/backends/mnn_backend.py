@@ -41,9 +41,16 @@ import tempfile
 from typing import Any, Iterator
 
 import numpy as np
-from onnx import TensorProto
-
-from collage_ml.backends.base import Backend, Executable, configured_name, register_backend, to_numpy
+from collage_ml.backends.base import (
+    Backend,
+    Executable,
+    configured_name,
+    float32_boundary_node,
+    package_version,
+    register_backend,
+    require_float32_inputs,
+    to_numpy,
+)
 from collage_ml.backends.patterns import RegionPattern
 from collage_ml.errors import BackendError, first_line
 from collage_ml.ir.graph import Graph, Node, SubGraph
@@ -93,19 +100,18 @@ def _import_mnn():
 
 
 class MnnExecutable(Executable):
-    def __init__(self, module, runtime, input_names, output_names, input_types):
+    def __init__(self, module, runtime, input_names, output_names):
         _, self._F = _import_mnn()
         self.module = module
         self.runtime = runtime  # keep the runtime manager (and its thread pool) alive with the module
         self.input_names = tuple(input_names)
         self.output_names = tuple(output_names)
-        self._types = input_types
 
     def __call__(self, *inputs: Any) -> list[Any]:
         F = self._F
         xs = []
-        for x, dtype in zip(inputs, self._types):
-            a = np.ascontiguousarray(to_numpy(x), dtype=dtype)
+        for x in inputs:  # float32 only (MnnBackend.compile checks)
+            a = np.ascontiguousarray(to_numpy(x), dtype=np.float32)
             xs.append(F.const(a, list(a.shape), F.NCHW))
         outs = self.module.forward(xs)
         if not isinstance(outs, (list, tuple)):
@@ -152,8 +158,6 @@ class MnnBackend(Backend):
         importlib.import_module("_tools")  # the converter ships in the same wheel
 
     def _version(self) -> str:
-        from collage_ml.backends.base import package_version
-
         return f"{package_version('MNN')}+wino{_WINOGRAD_LEVEL[self.winograd]}"
 
     @property
@@ -163,29 +167,17 @@ class MnnBackend(Backend):
     def supports(self, graph: Graph, node: Node) -> bool:
         if node.domain not in ("", "ai.onnx") or node.op_type not in SUPPORTED_OPS:
             return False
-        if any(graph.tensors[t].elem_type != TensorProto.FLOAT for t in node.outputs if t):
-            return False
         if node.op_type in _SPATIAL_OPS and len(graph.tensors[node.inputs[0]].shape) != 4:
             return False
         # integer inputs only as constants the converter folds (shapes, axes, pads)
-        for i, t in enumerate(node.inputs):
-            if not t or graph.tensors[t].elem_type == TensorProto.FLOAT:
-                continue
-            if node.op_type not in _CONST_INPUT_OPS or i == 0 or t not in graph.initializers:
-                return False
-        return True
+        return float32_boundary_node(graph, node, _CONST_INPUT_OPS)
 
     def compile(self, sg: SubGraph, threads: int = 1) -> Executable:
         self.require()
         nn, F = _import_mnn()
         import _tools
 
-        graph = sg.graph
-        types = []
-        for n in sg.inputs:
-            if graph.tensors[n].elem_type != TensorProto.FLOAT:
-                raise BackendError(f"mnn runs float32 region inputs only; {n!r} of {sg} is not float32")
-            types.append(np.float32)
+        require_float32_inputs("mnn", sg)
         try:
             with tempfile.TemporaryDirectory(prefix="collage-mnn-") as tmp:
                 src, dst = os.path.join(tmp, "region.onnx"), os.path.join(tmp, "region.mnn")
@@ -207,4 +199,4 @@ class MnnBackend(Backend):
             raise BackendError(f"mnn could not compile {sg}: {first_line(e)}") from None
         if module is None:
             raise BackendError(f"mnn could not load {sg}")
-        return MnnExecutable(module, runtime, sg.inputs, sg.outputs, types)
+        return MnnExecutable(module, runtime, sg.inputs, sg.outputs)

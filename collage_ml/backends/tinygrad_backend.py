@@ -39,9 +39,16 @@ import tempfile
 from typing import Any
 
 import numpy as np
-from onnx import TensorProto
 
-from collage_ml.backends.base import Backend, Executable, package_version, register_backend, to_numpy
+from collage_ml.backends.base import (
+    Backend,
+    Executable,
+    float32_boundary_node,
+    package_version,
+    register_backend,
+    require_float32_inputs,
+    to_numpy,
+)
 from collage_ml.backends.patterns import RegionPattern
 from collage_ml.errors import BackendError, first_line
 from collage_ml.ir.graph import Graph, Node, SubGraph
@@ -99,21 +106,12 @@ class TinygradBackend(Backend):
     def supports(self, graph: Graph, node: Node) -> bool:
         if node.domain not in ("", "ai.onnx") or node.op_type not in SUPPORTED_OPS:
             return False
-        if any(graph.tensors[t].elem_type != TensorProto.FLOAT for t in node.outputs if t):
-            return False
-        for i, t in enumerate(node.inputs):
-            if not t or graph.tensors[t].elem_type == TensorProto.FLOAT:
-                continue
-            if i == 0 or t not in graph.initializers:
-                return False
-        return True
+        return float32_boundary_node(graph, node)
 
     def compile(self, sg: SubGraph, threads: int = 1) -> Executable:
         self.require()
         graph = sg.graph
-        for n in sg.inputs:
-            if graph.tensors[n].elem_type != TensorProto.FLOAT:
-                raise BackendError(f"tinygrad runs float32 region inputs only; {n!r} of {sg} is not float32")
+        require_float32_inputs("tinygrad", sg)
         try:
             tinygrad, OnnxRunner = _import_tinygrad()
             with tempfile.TemporaryDirectory(prefix="collage-tinygrad-") as tmp:

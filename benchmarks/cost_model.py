@@ -43,6 +43,7 @@ from collage_ml.models.base import create_model  # noqa: E402
 from collage_ml.models.dataset import Dataset  # noqa: E402
 from collage_ml.models.evaluate import (  # noqa: E402
     HIGHER_IS_BETTER,
+    METRIC_LABELS,
     METRICS,
     average_metrics,
     evaluate,
@@ -58,15 +59,6 @@ QUICK_FAMILIES = ("dcgan", "mobilenetv2", "nasrnn")
 QUICK_PARAMS: dict[str, dict[str, Any]] = {
     "xgb": {"n_members": 2, "n_estimators": 150},
     "gnn": {"epochs": 12, "finetune_epochs": 8, "mc_samples": 4},
-}
-SHORT = {
-    "pairwise_accuracy": "pairwise",
-    "kendall_tau": "tau",
-    "top1_regret": "top-1 regret",
-    "backend_pairwise_accuracy": "backend pairwise",
-    "backend_choice_regret": "backend regret",
-    "mape": "MAPE",
-    "within_10pct": "within 10%",
 }
 
 console = Console(width=None if sys.stdout.isatty() else 160)
@@ -98,7 +90,7 @@ def side_by_side(title: str, rows: dict[str, dict[str, dict[str, Any]]], models:
     t.add_column("")
     t.add_column("n", justify="right")
     for k in METRICS + extra:
-        t.add_column(SHORT.get(k, k), justify="right")
+        t.add_column(METRIC_LABELS.get(k, k), justify="right")
     for label, per_model in rows.items():
         n = next((str(m.get("n", "")) for m in per_model.values() if m), "")
         cells = []

@@ -129,23 +129,12 @@ def _per_source(ds, pred, families: Sequence[str]) -> dict[str, dict[str, Any]]:
     return out
 
 
-_SHORT = {
-    "pairwise_accuracy": "pairwise",
-    "kendall_tau": "tau",
-    "top1_regret": "top-1 regret",
-    "backend_pairwise_accuracy": "backend pairwise",
-    "backend_choice_regret": "backend regret",
-    "mape": "MAPE",
-    "within_10pct": "within 10%",
-}
-
-
 def _metrics_table(title: str, rows: dict[str, dict[str, Any]]) -> None:
     """One column per family (and "all"), one row per metric."""
     from rich.console import Console
     from rich.table import Table
 
-    from collage_ml.models.evaluate import METRICS, format_metric
+    from collage_ml.models.evaluate import METRIC_LABELS, METRICS, format_metric
 
     t = Table(title=title)
     t.add_column("metric")
@@ -153,7 +142,7 @@ def _metrics_table(title: str, rows: dict[str, dict[str, Any]]) -> None:
         t.add_column(fam, justify="right")
     t.add_row("samples", *(str(m.get("n", "")) for m in rows.values()))
     for k in METRICS:
-        t.add_row(_SHORT.get(k, k), *(format_metric(k, m.get(k)) for m in rows.values()))
+        t.add_row(METRIC_LABELS.get(k, k), *(format_metric(k, m.get(k)) for m in rows.values()))
     t.add_row("decision groups", *(str(m.get("n_groups", "")) for m in rows.values()))
     t.add_row("backend groups", *(str(m.get("n_backend_groups", "")) for m in rows.values()))
     Console().print(t)

@@ -427,6 +427,18 @@ def few_shot(
     return out
 
 
+#: short column labels for the metrics in tables
+METRIC_LABELS = {
+    "pairwise_accuracy": "pairwise",
+    "kendall_tau": "tau",
+    "top1_regret": "top-1 regret",
+    "backend_pairwise_accuracy": "backend pairwise",
+    "backend_choice_regret": "backend regret",
+    "mape": "MAPE",
+    "within_10pct": "within 10%",
+}
+
+
 def format_metric(name: str, value: Any) -> str:
     """A metric for a table: fractions as percentages, tau with 3 decimals, counts as integers."""
     if value is None:

@@ -790,7 +790,7 @@ def collect(
         if isinstance(cost_model, CostModel) and not dry_run:
             feedback = Feedback(cost_model, updated_path(db_path, hw, cost_model.kind), HardwareDesc.current(threads))
     try:
-        known = database.known_keys(hw) if database is not None else set()
+        known = database.known_keys(hw, getattr(timing, "name", None)) if database is not None else set()
         if _skip:
             known |= {tuple(k) for k in _skip.get(hw, ())}
         with _Progress(progress) as prog:
@@ -884,16 +884,22 @@ def _measure(
                             f"{work.label} changed between planning and measuring (a node set hashes differently); "
                             "run collect again"
                         )
-                    if db.has(CandidateKey(*key), runner.hardware):  # another process measured it meanwhile
+                    if runner.lookup(CandidateKey(*key)) is not None:  # another process measured it meanwhile
                         summary.cache_hits += 1
                         summary.by_backend[backend.name]["cache_hits"] += 1
                         done += 1
                         prog.advance(summary)
                         continue
+                    before = runner.measured
                     m = runner.measure_one(c, reference, work.family)
+                    done += 1
+                    if runner.measured == before:  # the database refused it: another process committed it first
+                        summary.cache_hits += 1
+                        summary.by_backend[backend.name]["cache_hits"] += 1
+                        prog.advance(summary)
+                        continue
                     if feedback is not None:
                         feedback.add([(c, m)])
-                    done += 1
                     summary._record(backend.name, work.family, m.valid)
                     if on_measurement is not None:
                         on_measurement(m)

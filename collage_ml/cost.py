@@ -58,6 +58,13 @@ class Cost:
         return f"{self.seconds * 1e3:.4g} ms" if self.is_value else self.kind
 
 
+#: the measurement protocol's name and version (``measure.timing`` documents it). It is stored with every
+#: measurement and is part of the database key, so rows timed another way keep their own key.
+PROTOCOL = "m2"
+#: a ``failed`` measurement (timeout, crash, kill: a fact about one run) is retried up to this many attempts
+MAX_ATTEMPTS = 3
+
+
 @dataclass(frozen=True)
 class CandidateKey:
     """What identifies a measurement, together with the hardware fingerprint."""
@@ -73,8 +80,10 @@ class Measurement:
 
     ``samples`` are per-run latencies in seconds. ``error`` is the max
     relative/absolute deviation from the reference that was observed (see
-    ``measure.timing.compare``). An invalid measurement has ``valid=False``,
-    no latency and an ``error_text``; it is kept, because failures are data.
+    ``measure.timing.compare``). A measurement that is not valid has no latency and an ``error_text``, and is
+    one of two kinds: **invalid** (wrong numbers, unsupported, compile error: a fact about the backend, kept as
+    data) or **failed** (``failed=True``: timeout, crash, killed: a fact about one run, retried by later runs up
+    to :data:`MAX_ATTEMPTS` attempts). ``protocol`` names the measurement protocol it was timed under.
     """
 
     key: CandidateKey
@@ -93,6 +102,19 @@ class Measurement:
     onnx_bytes: bytes | None = field(default=None, repr=False)
     timestamp: float = field(default_factory=time.time)
     extra: dict[str, Any] = field(default_factory=dict)
+    failed: bool = False
+    protocol: str = PROTOCOL
+    attempts: int = 1
+
+    @property
+    def status(self) -> str:
+        """"valid", "invalid" or "failed"."""
+        return "valid" if self.valid else ("failed" if self.failed else "invalid")
+
+    @property
+    def retryable(self) -> bool:
+        """A failed measurement that has attempts left: a later run measures it again."""
+        return self.status == "failed" and self.attempts < MAX_ATTEMPTS
 
     @property
     def cost(self) -> Cost:

@@ -25,8 +25,18 @@ application id is :data:`APPLICATION_ID`):
   run again without the original model. ``ops`` is the comma-separated op types
   in node order.
 - ``measurements(...)``: one row per :class:`~collage_ml.cost.Measurement`,
-  ``UNIQUE(subgraph_hash, backend, backend_version, hardware)``. ``samples``,
-  ``versions`` and ``extra`` are JSON text.
+  ``UNIQUE(subgraph_hash, backend, backend_version, hardware, protocol)``.
+  ``samples``, ``versions`` and ``extra`` are JSON text. ``status`` is
+  ``valid``, ``invalid`` (a fact about the backend) or ``failed`` (a timeout or
+  crash: a fact about one run); a failed row is the one kind a later commit of
+  the same key replaces, and ``attempts`` counts the tries. ``protocol`` is the
+  measurement protocol (``measure.timing``), so rows timed another way keep
+  their own key.
+
+Schema 1 had neither ``status``, ``attempts`` nor ``protocol``: opening such a
+file for writing migrates it in one transaction (every row kept, with protocol
+``m1``, and timeouts and crashes classified as ``failed``); opening it
+read-only reads it as if migrated, without writing.
 
 Boundary costs are ordinary rows (e.g. backend ``"onnxruntime->torch"``,
 subgraph hash ``"boundary:<nbytes>"``) without ONNX bytes.
@@ -44,11 +54,13 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any, Callable, TypeVar
 
-from collage_ml.cost import CandidateKey, Measurement
+from collage_ml.cost import MAX_ATTEMPTS, PROTOCOL, CandidateKey, Measurement
 from collage_ml.errors import CollageError, DatabaseError
 
 MAGIC = "collage-ml-db"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+#: the protocol of rows written before protocols were recorded (schema 1)
+LEGACY_PROTOCOL = "m1"
 APPLICATION_ID = 0x434C4D4C  # "CLML", in the SQLite header (offset 68)
 DEFAULT_TIMEOUT_S = 30.0
 DEFAULT_RETRY_S = 120.0
@@ -74,7 +86,18 @@ _MEASUREMENT_COLUMNS = (
     "error_text",
     "timestamp",
     "extra",
+    "status",
+    "attempts",
+    "protocol",
 )
+_KEY_COLUMNS = ("subgraph_hash", "backend", "backend_version", "hardware", "protocol")
+#: how schema-1 rows read: the columns schema 2 added, as expressions over the old ones
+_V1_EXPR = {
+    "status": "(CASE WHEN valid = 1 THEN 'valid' WHEN error_text LIKE 'timeout%' OR error_text LIKE 'worker crashed%' "
+    "THEN 'failed' ELSE 'invalid' END)",
+    "attempts": "1",
+    "protocol": f"'{LEGACY_PROTOCOL}'",
+}
 _COLS = ", ".join(_MEASUREMENT_COLUMNS)
 _INSERT_MEASUREMENT = (
     f"INSERT OR IGNORE INTO measurements ({_COLS}) VALUES ({', '.join('?' * len(_MEASUREMENT_COLUMNS))})"
@@ -115,10 +138,14 @@ CREATE TABLE IF NOT EXISTS measurements (
     error_text TEXT NOT NULL,
     timestamp REAL NOT NULL,
     extra JSON NOT NULL,
-    UNIQUE (subgraph_hash, backend, backend_version, hardware)
+    status TEXT NOT NULL,
+    attempts INT NOT NULL,
+    protocol TEXT NOT NULL,
+    UNIQUE (subgraph_hash, backend, backend_version, hardware, protocol)
 );
 CREATE INDEX IF NOT EXISTS measurements_by_hardware ON measurements (hardware, backend);
 """
+_MEASUREMENTS_TABLE = _SCHEMA[_SCHEMA.index("CREATE TABLE IF NOT EXISTS measurements"):_SCHEMA.index("CREATE INDEX")]
 
 T = TypeVar("T")
 
@@ -185,11 +212,15 @@ def _measurement_row(m: Measurement) -> tuple:
         str(m.error_text or ""),
         float(m.timestamp),
         _json(dict(m.extra)),
+        m.status,
+        max(1, int(m.attempts)),
+        str(m.protocol),
     )
 
 
 def _measurement_from_row(r: tuple) -> Measurement:
-    (h, b, v, hw, valid, median, spread, samples, comp, abs_e, rel_e, threads, versions, family, err, ts, extra) = r
+    (h, b, v, hw, valid, median, spread, samples, comp, abs_e, rel_e, threads, versions, family, err, ts, extra,
+     status, attempts, protocol) = r
     return Measurement(
         key=CandidateKey(h, b, v),
         hardware=hw,
@@ -207,6 +238,9 @@ def _measurement_from_row(r: tuple) -> Measurement:
         onnx_bytes=None,
         timestamp=ts,
         extra=json.loads(extra),
+        failed=status == "failed",
+        protocol=protocol,
+        attempts=int(attempts),
     )
 
 
@@ -264,6 +298,7 @@ class Database:
         self.retries = 0
         self._lock = threading.RLock()
         self._conn: sqlite3.Connection | None = None
+        self.schema_version = SCHEMA_VERSION
         state = self._probe(create=create and not readonly, check=check)
         try:
             self._conn = sqlite3.connect(
@@ -347,6 +382,7 @@ class Database:
                     f"was written by a newer collage-ml (database schema {version}, this version reads up to "
                     f"{SCHEMA_VERSION}); upgrade collage-ml"
                 )
+            self.schema_version = version
             if check:
                 problems = [r[0] for r in conn.execute("PRAGMA quick_check(3)")]
                 if problems != ["ok"]:
@@ -367,6 +403,8 @@ class Database:
             c.execute("PRAGMA journal_mode = WAL")
         c.execute("PRAGMA synchronous = FULL")
         if not new:
+            if self.schema_version < SCHEMA_VERSION:
+                self._migrate(c)
             return
         c.execute("BEGIN IMMEDIATE")
         try:
@@ -386,6 +424,41 @@ class Database:
             raise
         # put the header (application id) into the main file now, so the file identifies itself
         c.execute("PRAGMA wal_checkpoint(PASSIVE)")
+
+    def _migrate(self, c: sqlite3.Connection) -> None:
+        """Schema 1 -> 2 in one transaction: every row kept; status, attempts and protocol derived."""
+        c.execute("BEGIN IMMEDIATE")
+        try:
+            version = int(c.execute("PRAGMA user_version").fetchone()[0])
+            if version < SCHEMA_VERSION:  # another process may have migrated it meanwhile
+                old = ", ".join(c for c in _MEASUREMENT_COLUMNS if c not in _V1_EXPR)
+                derived = ", ".join(_V1_EXPR[c] for c in _MEASUREMENT_COLUMNS if c in _V1_EXPR)
+                n = c.execute("SELECT COUNT(*) FROM measurements").fetchone()[0]
+                c.execute(_MEASUREMENTS_TABLE.replace("TABLE IF NOT EXISTS measurements", "TABLE measurements_v2"))
+                c.execute(
+                    f"INSERT INTO measurements_v2 (id, {_COLS}) SELECT id, {old}, {derived} FROM measurements ORDER BY id"
+                )
+                if c.execute("SELECT COUNT(*) FROM measurements_v2").fetchone()[0] != n:  # pragma: no cover
+                    raise sqlite3.DatabaseError("migration would lose rows")
+                c.execute("DROP TABLE measurements")
+                c.execute("ALTER TABLE measurements_v2 RENAME TO measurements")
+                c.execute("CREATE INDEX IF NOT EXISTS measurements_by_hardware ON measurements (hardware, backend)")
+                c.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'", (str(SCHEMA_VERSION),))
+                c.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+            c.execute("COMMIT")
+        except BaseException:
+            if c.in_transaction:
+                c.execute("ROLLBACK")
+            raise
+        self.schema_version = SCHEMA_VERSION
+
+    def _col(self, name: str) -> str:
+        """The SQL for a measurements column in this file (schema-1 files derive the newer ones)."""
+        return _V1_EXPR.get(name, name) if self.schema_version < 2 else name
+
+    @property
+    def _cols(self) -> str:
+        return ", ".join(self._col(c) for c in _MEASUREMENT_COLUMNS)
 
     # -- plumbing
 
@@ -488,6 +561,8 @@ class Database:
     def commit(self, m: Measurement) -> bool:
         """Commit one measurement now, in its own transaction. True if stored, False if its key existed.
 
+        A stored row is never overwritten, with one exception: a ``failed`` row (timeout, crash) is replaced by
+        a later valid or invalid measurement of its key, and a later failure adds one to its ``attempts``.
         ``m.onnx_bytes``, when given, is stored in ``subgraphs`` if that hash has none yet.
         """
         row = _measurement_row(m)
@@ -496,9 +571,25 @@ class Database:
         def tx(c: sqlite3.Connection) -> bool:
             if sub is not None:
                 c.execute(_INSERT_SUBGRAPH, sub)
-            return c.execute(_INSERT_MEASUREMENT, row).rowcount == 1
+            if c.execute(_INSERT_MEASUREMENT, row).rowcount == 1:
+                return True
+            return self._replace_failed(c, row)
 
         return self._write(tx, "commit")
+
+    @staticmethod
+    def _replace_failed(c: sqlite3.Connection, row: tuple) -> bool:
+        """Inside a transaction: ``row``'s key exists; replace it if that row failed. True if it changed."""
+        cols = dict(zip(_MEASUREMENT_COLUMNS, row))
+        where = " AND ".join(f"{k} = ?" for k in _KEY_COLUMNS)
+        key = [cols[k] for k in _KEY_COLUMNS]
+        old = c.execute(f"SELECT attempts FROM measurements WHERE {where} AND status = 'failed'", key).fetchone()
+        if old is None:
+            return False
+        cols["attempts"] = int(old[0]) + 1
+        sets = ", ".join(f"{k} = ?" for k in _MEASUREMENT_COLUMNS if k not in _KEY_COLUMNS)
+        vals = [cols[k] for k in _MEASUREMENT_COLUMNS if k not in _KEY_COLUMNS]
+        return c.execute(f"UPDATE measurements SET {sets} WHERE {where}", (*vals, *key)).rowcount == 1
 
     def commit_many(self, ms: Iterable[Measurement]) -> int:
         """Commit many measurements in one transaction (all or none). Returns how many were new."""
@@ -517,60 +608,57 @@ class Database:
         def tx(c: sqlite3.Connection) -> int:
             if subs:
                 c.executemany(_INSERT_SUBGRAPH, list(subs.values()))
-            return c.executemany(_INSERT_MEASUREMENT, rows).rowcount
+            n = 0
+            for row in rows:
+                n += c.execute(_INSERT_MEASUREMENT, row).rowcount == 1 or self._replace_failed(c, row)
+            return n
 
         return self._write(tx, "commit_many")
 
     # -- reading
 
-    @staticmethod
-    def _key_args(key: CandidateKey, hardware: str) -> tuple:
-        return (key.subgraph_hash, key.backend, key.backend_version, hardware)
-
-    def get(self, key: CandidateKey, hardware: str) -> Measurement | None:
-        """The measurement of ``key`` on ``hardware`` (valid or not), or None. ``onnx_bytes`` is not loaded."""
-        row = self._read(
-            lambda c: c.execute(
-                f"SELECT {_COLS} FROM measurements WHERE subgraph_hash = ? AND backend = ? "
-                "AND backend_version = ? AND hardware = ?",
-                self._key_args(key, hardware),
-            ).fetchone(),
-            "get",
+    def _key_where(self, key: CandidateKey, hardware: str, protocol: str | None) -> tuple[str, tuple]:
+        return (
+            f"subgraph_hash = ? AND backend = ? AND backend_version = ? AND hardware = ? AND {self._col('protocol')} = ?",
+            (key.subgraph_hash, key.backend, key.backend_version, hardware, protocol or PROTOCOL),
         )
+
+    def get(self, key: CandidateKey, hardware: str, protocol: str | None = None) -> Measurement | None:
+        """The measurement of ``key`` on ``hardware`` under ``protocol`` (default: the current one), valid or not,
+        or None. ``onnx_bytes`` is not loaded."""
+        where, args = self._key_where(key, hardware, protocol)
+        row = self._read(lambda c: c.execute(f"SELECT {self._cols} FROM measurements WHERE {where}", args).fetchone(), "get")
         return None if row is None else _measurement_from_row(row)
 
-    def has(self, key: CandidateKey, hardware: str) -> bool:
-        return (
-            self._read(
-                lambda c: c.execute(
-                    "SELECT 1 FROM measurements WHERE subgraph_hash = ? AND backend = ? "
-                    "AND backend_version = ? AND hardware = ?",
-                    self._key_args(key, hardware),
-                ).fetchone(),
-                "has",
-            )
-            is not None
-        )
+    def has(self, key: CandidateKey, hardware: str, protocol: str | None = None) -> bool:
+        where, args = self._key_where(key, hardware, protocol)
+        return self._read(lambda c: c.execute(f"SELECT 1 FROM measurements WHERE {where}", args).fetchone(), "has") is not None
 
-    def known_keys(self, hardware: str) -> set[tuple[str, str, str]]:
-        """All ``(subgraph_hash, backend, backend_version)`` measured on ``hardware``, valid or not."""
+    def known_keys(self, hardware: str, protocol: str | None = None) -> set[tuple[str, str, str]]:
+        """Every ``(subgraph_hash, backend, backend_version)`` settled on ``hardware`` under ``protocol``
+        (default: the current one): valid, invalid, or failed with no attempts left. A failed key with
+        attempts left is not settled: the next run measures it again."""
         return self._read(
             lambda c: {
                 tuple(r)
                 for r in c.execute(
-                    "SELECT subgraph_hash, backend, backend_version FROM measurements WHERE hardware = ?",
-                    (hardware,),
+                    f"SELECT subgraph_hash, backend, backend_version FROM measurements WHERE hardware = ? "
+                    f"AND {self._col('protocol')} = ? AND ({self._col('status')} != 'failed' OR {self._col('attempts')} >= ?)",
+                    (hardware, protocol or PROTOCOL, MAX_ATTEMPTS),
                 )
             },
             "known_keys",
         )
 
-    @staticmethod
-    def _where(hardware: str | None, backend: str | None, valid: bool | None, family: str | None) -> tuple[str, list]:
+    def _where(
+        self, hardware: str | None, backend: str | None, valid: bool | None, family: str | None,
+        protocol: str | None = None, status: str | None = None,
+    ) -> tuple[str, list]:
         conds, args = [], []
-        for col, val in (("hardware", hardware), ("backend", backend), ("family", family)):
+        for col, val in (("hardware", hardware), ("backend", backend), ("family", family), ("protocol", protocol),
+                         ("status", status)):
             if val is not None:
-                conds.append(f"{col} = ?")
+                conds.append(f"{self._col(col)} = ?")
                 args.append(val)
         if valid is not None:
             conds.append("valid = ?")
@@ -583,17 +671,20 @@ class Database:
         backend: str | None = None,
         valid: bool | None = None,
         family: str | None = None,
+        protocol: str | None = None,
+        status: str | None = None,
     ) -> Iterator[Measurement]:
-        """Stored measurements in commit order, filtered by whichever arguments are given.
+        """Stored measurements in commit order, filtered by whichever arguments are given
+        (``protocol=None``: every protocol; ``status``: "valid", "invalid" or "failed").
 
         Streams in pages; committing while iterating is fine (rows committed meanwhile may appear).
         """
-        where, args = self._where(hardware, backend, valid, family)
+        where, args = self._where(hardware, backend, valid, family, protocol, status)
         last = 0
         while True:
             rows = self._read(
                 lambda c: c.execute(
-                    f"SELECT id, {_COLS} FROM measurements WHERE {where} AND id > ? ORDER BY id LIMIT {_PAGE}",
+                    f"SELECT id, {self._cols} FROM measurements WHERE {where} AND id > ? ORDER BY id LIMIT {_PAGE}",
                     (*args, last),
                 ).fetchall(),
                 "measurements",
@@ -604,8 +695,11 @@ class Database:
                 return
             last = rows[-1][0]
 
-    def count(self, hardware: str | None = None, backend: str | None = None, valid: bool | None = None, family: str | None = None) -> int:
-        where, args = self._where(hardware, backend, valid, family)
+    def count(
+        self, hardware: str | None = None, backend: str | None = None, valid: bool | None = None,
+        family: str | None = None, protocol: str | None = None, status: str | None = None,
+    ) -> int:
+        where, args = self._where(hardware, backend, valid, family, protocol, status)
         return self._read(lambda c: c.execute(f"SELECT COUNT(*) FROM measurements WHERE {where}", args).fetchone()[0], "count")
 
     def __len__(self) -> int:
@@ -626,9 +720,9 @@ class Database:
         return None if row is None else json.loads(row[0])
 
     def stats(self, hardware: str | None = None) -> dict[str, Any]:
-        """Counts: ``total``, ``valid``, ``invalid``, ``subgraphs`` (distinct hashes measured),
+        """Counts: ``total``, ``valid``, ``invalid``, ``failed``, ``subgraphs`` (distinct hashes measured),
         ``onnx_stored`` (subgraphs with ONNX bytes, whole file), and per-``backends``,
-        per-``families`` and per-``hardware`` row counts."""
+        per-``families``, per-``hardware`` and per-``protocols`` row counts."""
         where, args = self._where(hardware, None, None, None)
 
         def q(c: sqlite3.Connection) -> dict[str, Any]:
@@ -644,15 +738,20 @@ class Database:
                     ).fetchall()
                 )
 
+            n_failed = c.execute(
+                f"SELECT COUNT(*) FROM measurements WHERE {where} AND {self._col('status')} = 'failed'", args
+            ).fetchone()[0]
             return {
                 "total": total,
                 "valid": n_valid,
-                "invalid": total - n_valid,
+                "invalid": total - n_valid - n_failed,
+                "failed": n_failed,
                 "subgraphs": n_sub,
                 "onnx_stored": c.execute("SELECT COUNT(*) FROM subgraphs").fetchone()[0],
                 "backends": group("backend"),
                 "families": group("family"),
                 "hardware": group("hardware"),
+                "protocols": group(self._col("protocol")),
             }
 
         return self._read(q, "stats")
@@ -662,15 +761,21 @@ class Database:
     def merge(self, other_path: str | os.PathLike) -> int:
         """Add every measurement, subgraph and hardware row of another database that this one lacks.
 
-        Returns the number of measurements added. Idempotent; keeps existing rows on key clashes;
-        the other file is only read. A foreign, corrupt or newer file raises :class:`DatabaseError`.
+        Returns the number of measurements added or upgraded. Idempotent; on a key clash it keeps the existing
+        row, except that a ``failed`` row here gives way to the other file's valid or invalid one. The other file
+        is only read (a schema-1 file is read as if migrated). A foreign, corrupt or newer file raises
+        :class:`DatabaseError`.
         """
         other = Path(os.fspath(other_path))
         if self.readonly:
             raise self._fail("merge: the database was opened read-only")
         if other.exists() and self.path.exists() and os.path.samefile(other, self.path):
             return 0
-        Database(other, create=False, readonly=True).close()  # validates it, read-only
+        probe = Database(other, create=False, readonly=True)  # validates it, read-only
+        other_cols = ", ".join(
+            f"{_V1_EXPR[c]} AS {c}" if probe.schema_version < 2 and c in _V1_EXPR else c for c in _MEASUREMENT_COLUMNS
+        )
+        probe.close()
         c = self._connection()
         with self._lock:
             self._retry(lambda: c.execute("ATTACH DATABASE ? AS other", (_uri(other, "ro"),)), "merge")
@@ -682,9 +787,22 @@ class Database:
                         "INSERT OR IGNORE INTO main.subgraphs (hash, onnx, n_nodes, ops) "
                         "SELECT hash, onnx, n_nodes, ops FROM other.subgraphs"
                     )
-                    return c.execute(
-                        f"INSERT OR IGNORE INTO main.measurements ({_COLS}) SELECT {_COLS} FROM other.measurements ORDER BY id"
+                    added = c.execute(
+                        f"INSERT OR IGNORE INTO main.measurements ({_COLS}) SELECT {other_cols} FROM other.measurements ORDER BY id"
                     ).rowcount
+                    # a failed row here gives way to the other file's settled one
+                    failed = c.execute(
+                        "SELECT subgraph_hash, backend, backend_version, hardware, protocol FROM main.measurements "
+                        "WHERE status = 'failed'"
+                    ).fetchall()
+                    if failed:
+                        sel = f"SELECT {other_cols} FROM other.measurements"
+                        cond = " AND ".join(f"{k} = ?" for k in _KEY_COLUMNS)
+                        for key in failed:
+                            row = c.execute(f"SELECT * FROM ({sel}) WHERE {cond} AND status != 'failed'", key).fetchone()
+                            if row is not None:
+                                added += self._replace_failed(c, tuple(row))
+                    return added
 
                 return self._write(tx, f"merge of {other}")
             finally:
@@ -705,7 +823,7 @@ class Database:
             raise CollageError("exporting to Parquet needs pyarrow, which is not installed: pip install pyarrow") from e
         where, args = self._where(hardware, None, None, None)
         rows = self._read(
-            lambda c: c.execute(f"SELECT id, {_COLS} FROM measurements WHERE {where} ORDER BY id", args).fetchall(),
+            lambda c: c.execute(f"SELECT id, {self._cols} FROM measurements WHERE {where} ORDER BY id", args).fetchall(),
             "export_parquet",
         )
         types = {
@@ -727,6 +845,9 @@ class Database:
             "error_text": pa.string(),
             "timestamp": pa.float64(),
             "extra": pa.string(),
+            "status": pa.string(),
+            "attempts": pa.int64(),
+            "protocol": pa.string(),
         }
         names = ["id", *_MEASUREMENT_COLUMNS]
         columns = {n: [r[i] for r in rows] for i, n in enumerate(names)}

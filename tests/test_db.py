@@ -176,11 +176,13 @@ def test_measurements_filters_and_stats(db):
         "total": 0,
         "valid": 0,
         "invalid": 0,
+        "failed": 0,
         "subgraphs": 0,
         "onnx_stored": 0,
         "backends": {},
         "families": {},
         "hardware": {},
+        "protocols": {},
     }
 
 

@@ -108,7 +108,7 @@ def measure_boundaries(
                 key=key, hardware=runner.hardware, valid=bool(r.get("valid")), samples=r.get("samples", []),
                 median=r.get("median"), spread=r.get("spread"), threads=runner.threads,
                 versions={**a.versions(), **b.versions()}, family="boundary", error_text=r.get("error_text", ""),
-                extra=r.get("extra", {}),
+                extra=r.get("extra", {}), failed=bool(r.get("failed")), protocol=runner.timing.name,
             )
             if runner.db is not None:
                 runner.db.commit(m)

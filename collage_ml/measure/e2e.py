@@ -3,7 +3,9 @@
 The plan is compiled into a PlacedModel inside the worker, run on the
 reference inputs, checked against the reference outputs, and timed by the
 same rules as candidates. A plan that fails to compile or gives wrong numbers
-is invalid, with its error text.
+is invalid, with its error text. The timing follows the measurement protocol's
+per-process rules (``measure.timing``); the tuner times the plans it compares
+in two rounds, in opposite orders.
 """
 
 from __future__ import annotations
@@ -48,10 +50,11 @@ class PlanTask:
             if not cmp.ok:
                 return {"valid": False, "error_text": f"wrong numbers: {cmp.detail}", "max_abs_error": cmp.max_abs}
             res = time_callable(lambda: pm.run(self.feeds), self.timing)
+            from collage_ml.measure.runner import timing_fields
+
             return {
-                "valid": True, "median": res.median, "spread": res.spread, "samples": res.samples,
-                "max_abs_error": cmp.max_abs, "compile_seconds": compile_seconds,
-                "partitions": len(pm.plan.partitions),
+                "valid": True, "max_abs_error": cmp.max_abs, "compile_seconds": compile_seconds,
+                "partitions": len(pm.plan.partitions), **timing_fields(res),
             }
         except Exception as e:
             return {"valid": False, "error_text": describe(e)}

@@ -1,11 +1,15 @@
 """The Runner: compiles and times candidates in persistent worker processes.
 
-Each worker is a ``spawn``-ed process that rebuilds backends from their
+Each worker is a fresh interpreter that rebuilds backends from their
 :meth:`Backend.spec`, compiles a candidate's subgraph, checks its outputs
 against the reference activations, and times it (:mod:`.timing`). Workers are
-reused across candidates. A crash (segfault, ``os.abort``) or a timeout costs
-one worker and marks that one candidate ``invalid`` with the error text; the
-run goes on with a fresh worker.
+reused across candidates. A candidate is timed in several workers, by the
+protocol in :mod:`.timing`: the latency is the minimum of the per-process
+medians. A crash (segfault, ``os.abort``) or a timeout costs one worker and
+marks that one candidate ``failed`` (a fact about that run: later runs try it
+again, up to ``cost.MAX_ATTEMPTS`` attempts); wrong numbers, an unsupported
+op or a compile error make it ``invalid`` (a fact about the backend). The run
+goes on with a fresh worker.
 
 Candidates are grouped by backend and measured one backend per phase, since
 a runtime's idle threads slow the next runtime's calls (STACK-NOTES.md). Every
@@ -87,13 +91,27 @@ def execute(task: Task) -> dict:
         res = time_callable(lambda: exe(*args), task.timing)
         exe.close()
         return {
-            "valid": True, "samples": res.samples, "median": res.median, "spread": res.spread,
-            "compile_seconds": compile_seconds, "max_abs_error": cmp.max_abs, "max_rel_error": cmp.max_rel,
+            "valid": True, "compile_seconds": compile_seconds, "max_abs_error": cmp.max_abs,
+            "max_rel_error": cmp.max_rel, **timing_fields(res),
         }
+    except MemoryError as e:  # a fact about this run (the machine's memory), not about the backend
+        return {"valid": False, "failed": True, "error_text": f"out of memory: {describe(e, 400)}"}
     except Exception as e:
         last = traceback.extract_tb(e.__traceback__)[-1:] if e.__traceback__ else []
         where = f" at {os.path.basename(last[0].filename)}:{last[0].lineno}" if last else ""
         return {"valid": False, "error_text": f"{describe(e, 400)}{where}"}
+
+
+def timing_fields(res) -> dict:
+    """A worker's result fields for one :class:`~collage_ml.measure.timing.TimingResult`."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # pragma: no cover - not Linux
+        cpus = os.cpu_count() or 1
+    return {
+        "samples": res.samples, "median": res.median, "spread": res.spread, "calls_per_sample": res.calls_per_sample,
+        "pressure": res.pressure, "retimed": res.retimed, "contended": res.contended, "cpus_available": cpus,
+    }
 
 
 def _worker_main(fd: int, threads: int) -> None:
@@ -124,11 +142,14 @@ def _worker_main(fd: int, threads: int) -> None:
 class Worker:
     """One persistent worker process; restarted after a crash or a timeout.
 
-    The worker is a fresh interpreter (``python -m collage_ml.measure.runner``)
-    talking over a socket pair, not a ``multiprocessing`` child: that way it
-    never re-imports the user's ``__main__``, so scripts without an
-    ``if __name__ == "__main__"`` guard work. It gets the parent's
-    ``sys.path``, so backends defined in importable user modules resolve.
+    The worker is a fresh, isolated interpreter (``python -I``) talking over a
+    socket pair, not a ``multiprocessing`` child: that way it never re-imports
+    the user's ``__main__``, so scripts without an ``if __name__ ==
+    "__main__"`` guard work. Its import path is the interpreter's own plus
+    those entries of the parent's ``sys.path`` that some loaded module came
+    from (:func:`worker_path`), so backends defined in the user's importable
+    modules resolve, while a stray ``numpy.py`` in the working directory is
+    not imported unless the parent imported from that directory too.
     """
 
     def __init__(self, threads: int):
@@ -143,10 +164,10 @@ class Worker:
         env = dict(os.environ)
         for k in THREAD_ENV:
             env[k] = str(self.threads)
-        env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+        env[WORKER_PATH_ENV] = os.pathsep.join(worker_path())
         try:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "collage_ml.measure.runner", str(theirs.fileno()), str(self.threads)],
+                [sys.executable, "-I", "-c", _WORKER_BOOT, str(theirs.fileno()), str(self.threads)],
                 pass_fds=[theirs.fileno()], env=env, stdin=subprocess.DEVNULL,
             )
         finally:
@@ -173,7 +194,7 @@ class Worker:
             self.conn.send(task)
             if not self.conn.poll(timeout):
                 self.kill()
-                return {"valid": False, "error_text": f"timeout: no result after {timeout:g} s"}
+                return {"valid": False, "failed": True, "error_text": f"timeout: no result after {timeout:g} s"}
             return self.conn.recv()
         except (EOFError, BrokenPipeError, ConnectionResetError, OSError):
             code = None
@@ -183,7 +204,7 @@ class Worker:
                 except subprocess.TimeoutExpired:
                     pass
             self.kill()
-            return {"valid": False, "error_text": f"worker crashed ({_describe_exit(code)})"}
+            return {"valid": False, "failed": True, "error_text": f"worker crashed ({_describe_exit(code)})"}
 
     def kill(self) -> None:
         if self.proc is not None:
@@ -208,6 +229,32 @@ class Worker:
         self.kill()
 
 
+WORKER_PATH_ENV = "COLLAGE_ML_WORKER_PATH"
+_WORKER_BOOT = (
+    "import os, sys; sys.path[:0] = [p for p in os.environ.get('COLLAGE_ML_WORKER_PATH', '').split(os.pathsep) if p]; "
+    "from collage_ml.measure.runner import _worker_main; _worker_main(int(sys.argv[1]), int(sys.argv[2]))"
+)
+
+
+def worker_path() -> list[str]:
+    """The entries of ``sys.path`` that some loaded module was imported from, in ``sys.path`` order.
+
+    The worker starts isolated (no working directory, no ``PYTHONPATH``) and gets these in front of its own
+    path, so it imports what the parent imported, from where the parent imported it, and nothing else.
+    """
+    entries = list(dict.fromkeys(os.path.abspath(p or os.curdir) for p in sys.path))
+    used: set[str] = set()
+    for mod in list(sys.modules.values()):
+        f = getattr(mod, "__file__", None)
+        if not isinstance(f, str):
+            continue
+        f = os.path.abspath(f)
+        best = max((e for e in entries if f.startswith(e.rstrip(os.sep) + os.sep)), key=len, default=None)
+        if best is not None:
+            used.add(best)
+    return [e for e in entries if e in used]
+
+
 def _describe_exit(code: int | None) -> str:
     if code is None:
         return "exit status unknown"
@@ -223,7 +270,11 @@ class Runner:
     """Measures candidates and commits each result to ``db`` (optional).
 
     ``threads`` is the intra-op thread count used for every backend;
-    ``timeout`` bounds one candidate's compile plus timing, in seconds.
+    ``timeout`` bounds one candidate's compile plus timing in one process, in
+    seconds; ``timing`` is the measurement protocol (:mod:`.timing`), whose
+    name keys the database rows this runner reads and writes.
+    ``measured`` counts the measurements that were committed (all of them
+    without a database), ``cache_hits`` the candidates read from it.
     """
 
     def __init__(
@@ -246,28 +297,36 @@ class Runner:
         self.hardware = fingerprint(self.threads)
         if db is not None:
             db.register_hardware(self.hardware, hardware_info(self.threads))
-        self.worker = Worker(self.threads)
-        # backends that change process-wide state (ORT's global thread pool) get a worker of their own
-        self._group_workers: dict[str, Worker] = {}
+        # one pool of workers per process group; backends that change process-wide state (ORT's global
+        # thread pool) get workers of their own. Workers start on first use.
+        self._pools: dict[str | None, list[Worker]] = {None: [Worker(self.threads)]}
         self.cache_hits = 0
         self.measured = 0
+        self.refused = 0  # measurements the database did not take (another process committed the key first)
+
+    @property
+    def worker(self) -> "Worker":
+        """The first worker of the default pool (plans and boundaries of plain backends run here)."""
+        return self._pools[None][0]
 
     def close(self) -> None:
-        self.worker.stop()
-        for w in self._group_workers.values():
-            w.stop()
+        for pool in self._pools.values():
+            for w in pool:
+                w.stop()
 
-    def worker_for(self, backends) -> "Worker":
-        """The worker for tasks that build ``backends`` (one backend, or several for a plan or boundary)."""
+    def _group(self, backends) -> str | None:
         groups = {getattr(b, "process_group", None) for b in backends} - {None}
-        if not groups:
-            return self.worker
         if len(groups) > 1:
             raise BackendError(f"backends of process groups {sorted(groups)} cannot run in one process")
-        g = groups.pop()
-        if g not in self._group_workers:
-            self._group_workers[g] = Worker(self.threads)
-        return self._group_workers[g]
+        return groups.pop() if groups else None
+
+    def worker_for(self, backends, index: int = 0) -> "Worker":
+        """Worker ``index`` of the pool for tasks that build ``backends`` (one backend, or several for a plan
+        or boundary); the pool grows on demand."""
+        pool = self._pools.setdefault(self._group(backends), [])
+        while len(pool) <= index:
+            pool.append(Worker(self.threads))
+        return pool[index]
 
     def __enter__(self) -> "Runner":
         return self
@@ -276,7 +335,13 @@ class Runner:
         self.close()
 
     def lookup(self, key: CandidateKey) -> Measurement | None:
-        return self.db.get(key, self.hardware) if self.db is not None else None
+        """The stored measurement of ``key`` on this hardware under this runner's protocol, or None.
+
+        A failed measurement with attempts left is not returned: it is to be measured again."""
+        if self.db is None:
+            return None
+        m = self.db.get(key, self.hardware, self.timing.name)
+        return None if m is None or m.retryable else m
 
     def measure(
         self,
@@ -311,6 +376,22 @@ class Runner:
                 on_result(c, m, False)
         return [results[c.key] for c in candidates]
 
+    def run_protocol(self, backends, task, timeout: float | None = None) -> dict:
+        """Runs ``task`` in as many of the pool's workers as the protocol asks (:mod:`.timing`) and combines
+        them: a result dict with ``median`` the minimum of the per-process medians, or the first failure."""
+        cfg = self.timing
+        runs: list[dict] = []
+        for i in range(max(1, cfg.max_processes)):
+            r = self.worker_for(backends, i).run(task, self.timeout if timeout is None else timeout)
+            if not r.get("valid"):
+                if runs and not r.get("failed"):
+                    r = {**r, "error_text": f"{r.get('error_text', '')} (in process {i + 1}; process 1 was valid)"}
+                return r
+            runs.append(r)
+            if len(runs) >= cfg.processes_for(runs[0]["median"]) and processes_agree([x["median"] for x in runs], cfg.agree):
+                break
+        return combine_runs(runs)
+
     def measure_one(self, c: Candidate, reference: Mapping[str, np.ndarray], family: str = "") -> Measurement:
         sg = c.subgraph
         feeds, expected = sg.reference_io(reference)
@@ -318,7 +399,7 @@ class Runner:
             c.backend.spec(), sg.to_onnx(check=False).SerializeToString(), feeds, expected, self.threads,
             self.timing, self.tolerance,
         )
-        r = self.worker_for([c.backend]).run(task, self.timeout)
+        r = self.run_protocol([c.backend], task)
         m = Measurement(
             key=c.key,
             hardware=self.hardware,
@@ -334,12 +415,51 @@ class Runner:
             family=family,
             error_text=r.get("error_text", ""),
             onnx_bytes=sg.skeleton_onnx(),
-            extra={"pattern": c.pattern, "nodes": len(sg)},
+            extra={"pattern": c.pattern, "nodes": len(sg), **r.get("extra", {})},
+            failed=bool(r.get("failed")),
+            protocol=self.timing.name,
         )
-        self.measured += 1
-        if self.db is not None:
-            self.db.commit(m)
+        self.record(m)
         return m
+
+    def record(self, m: Measurement) -> bool:
+        """Commits ``m`` (when there is a database) and counts it if it was stored. True if stored."""
+        stored = self.db.commit(m) if self.db is not None else True
+        if stored:
+            self.measured += 1
+        else:
+            self.refused += 1
+        return stored
+
+
+def processes_agree(medians: Sequence[float], tol: float) -> bool:
+    """True when the two fastest per-process medians are within ``tol`` of each other (or there is one)."""
+    if len(medians) < 2:
+        return True
+    a, b = sorted(medians)[:2]
+    return a > 0 and b / a - 1 <= tol
+
+
+def combine_runs(runs: Sequence[dict]) -> dict:
+    """One result from the per-process results of a candidate: the fastest process's median, every process's
+    value recorded in ``extra`` (``process_medians``, ``calls_per_sample``, ``cpu_pressure``, ``contended``)."""
+    best = min(runs, key=lambda r: r["median"])
+    pressures = [r["pressure"] for r in runs if r.get("pressure") is not None]
+    extra = {
+        "process_medians": [r["median"] for r in runs],
+        "calls_per_sample": best.get("calls_per_sample", 1),
+        "cpu_pressure": max(pressures) if pressures else None,
+        "contended": any(r.get("contended") for r in runs),
+        "retimed": sum(r.get("retimed", 0) for r in runs),
+        "cpus_available": best.get("cpus_available"),
+    }
+    out = {k: v for k, v in runs[0].items() if k not in ("samples", "median", "spread", "extra")}
+    out.update(
+        valid=True, median=best["median"], spread=best["spread"],
+        samples=[x for r in runs for x in r.get("samples", [])],
+        extra={**runs[0].get("extra", {}), **extra},
+    )
+    return out
 
 
 def default_threads() -> int:
@@ -363,5 +483,5 @@ def measure_candidates(
         return r.measure(list(candidates), reference)
 
 
-if __name__ == "__main__":  # the worker process: python -m collage_ml.measure.runner FD THREADS
+if __name__ == "__main__":  # a worker started by hand: python -m collage_ml.measure.runner FD THREADS
     _worker_main(int(sys.argv[1]), int(sys.argv[2]))

@@ -118,11 +118,16 @@ class Dataset:
         backends: Sequence[str] | None = None,
         families: Sequence[str] | None = None,
         progress: bool = False,
+        protocols: Sequence[str] | None = None,
+        include_contended: bool = False,
     ) -> "Dataset":
         """Every valid measurement of ``db`` (a :class:`~collage_ml.db.Database` or a path).
 
-        ``hardware`` keeps one fingerprint (default: all). A stored subgraph
-        that no longer parses is skipped and counted in ``Dataset.skipped``.
+        ``hardware`` keeps one fingerprint (default: all); ``protocols`` keeps rows timed under those
+        measurement protocols (default: all; ``Dataset.protocols`` counts the rows of each, so a mix is never
+        silent). Rows marked ``contended`` (something else used the CPUs while they were timed) are left out
+        unless ``include_contended``, and counted in ``Dataset.contended``. A stored subgraph that no longer
+        parses is skipped and counted in ``Dataset.skipped``.
         """
         from collage_ml.db import Database
 
@@ -130,6 +135,15 @@ class Dataset:
         d = Database(db, readonly=True) if own else db
         try:
             rows = list(d.measurements(hardware=hardware, valid=True))
+            if protocols is not None:
+                keep_p = set(protocols)
+                rows = [m for m in rows if m.protocol in keep_p]
+            contended = sum(1 for m in rows if m.extra.get("contended"))
+            if not include_contended:
+                rows = [m for m in rows if not m.extra.get("contended")]
+            by_protocol: dict[str, int] = {}
+            for m in rows:
+                by_protocol[m.protocol] = by_protocol.get(m.protocol, 0) + 1
             if backends is not None:
                 keep = set(backends)
                 rows = [m for m in rows if m.key.backend in keep]
@@ -169,6 +183,8 @@ class Dataset:
                 d.close()
         ds = Dataset(out)
         ds.skipped = skipped  # type: ignore[attr-defined]
+        ds.contended = contended  # type: ignore[attr-defined]
+        ds.protocols = by_protocol  # type: ignore[attr-defined]
         return ds
 
     @staticmethod

@@ -1,0 +1,204 @@
+"""Measurement agreement: does a latency repeat in another process, minutes later?
+
+    .venv/bin/python benchmarks/measure_agreement.py [--count 240] [--protocols m1,m2] [--json FILE]
+
+Draws candidates from several zoo models at batch 1 and 16 (stratified by
+model, batch and backend), and measures each twice per protocol, in two
+independent runs: fresh worker processes, a different candidate order, the
+runs one after another (minutes apart). The protocols are measured side by
+side, interleaved (run 1 of each, then run 2 of each), on the same candidates.
+
+Agreement is the share of candidates whose two measurements agree within
++-10% (|log(b/a)| <= log 1.1); the table gives it per latency decade (by the
+geometric mean of the two runs) and per backend, with the median |log ratio|.
+Targets (the measurement-fidelity issue): >= 90% of candidates of 20 us or
+more, >= 80% of all, median |log ratio| < 0.03.
+
+``--json`` keeps every pair, the hardware description and the command, and
+``--table-only`` reprints a saved run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+DECADES = ((0, 10e-6, "< 10 us"), (10e-6, 100e-6, "10-100 us"), (100e-6, 1e-3, "0.1-1 ms"), (1e-3, math.inf, ">= 1 ms"))
+TOL = math.log(1.1)
+
+
+def protocol_config(name: str, processes: int | None = None):
+    from dataclasses import replace
+
+    from collage_ml.measure.timing import LEGACY, TimingConfig
+
+    cfg = {
+        "m1": LEGACY, "m2": TimingConfig(),
+        # experiment arms, never stored: the new protocol with idle CPUs polling, and with one process
+        "m2q": TimingConfig(hold_cpu_latency=True, name="m2q"),
+        "m2x1": TimingConfig(processes=1, max_processes=1, name="m2x1"),
+    }.get(name)
+    if cfg is None:
+        raise SystemExit(f"unknown protocol {name!r}: m1, m2, m2q or m2x1")
+    return replace(cfg, processes=processes, max_processes=max(cfg.max_processes, processes)) if processes else cfg
+
+
+def pick(models, batches, backends, count: int, max_size: int, seed: int):
+    """{(model, batch): (graph, [candidates])}, about ``count`` in all, equal shares per (model, batch, backend)."""
+    from collage_ml.candidates import enumerate_candidates
+    from collage_ml.ir import import_model
+
+    rng = np.random.default_rng(seed)
+    cells = len(models) * len(batches) * len(backends)
+    share = max(1, count // cells)
+    out = {}
+    for model in models:
+        for batch in batches:
+            g = import_model(model, batch=batch)
+            chosen = []
+            for b in backends:
+                uniq = {}
+                for c in enumerate_candidates(g, [b], max_region_size=max_size):
+                    if len(c.subgraph) <= max_size:
+                        uniq.setdefault(c.subgraph.hash, c)
+                keys = sorted(uniq)
+                for i in rng.choice(len(keys), size=min(share, len(keys)), replace=False):
+                    chosen.append(uniq[keys[int(i)]])
+            out[(model, batch)] = (g, chosen)
+    return out
+
+
+def run_once(groups, refs, cfg, threads, seed: int) -> dict:
+    """One independent run: a fresh Runner (fresh workers), candidates in a shuffled order. {(model, batch, key): m}."""
+    from collage_ml.measure.runner import Runner
+
+    rng = np.random.default_rng(seed)
+    res = {}
+    t0 = time.time()
+    with Runner(threads=threads, timing=cfg) as r:
+        order = list(groups)
+        rng.shuffle(order)
+        for mb in order:
+            g, cands = groups[mb]
+            cands = [cands[i] for i in rng.permutation(len(cands))]
+            for c, m in zip(cands, r.measure(cands, refs[mb])):
+                res[(mb[0], mb[1], c.subgraph.hash, c.backend.name)] = m
+    return {"results": res, "seconds": time.time() - t0}
+
+
+def summarise(pairs: list[dict]) -> dict:
+    def stats(rows):
+        if not rows:
+            return {"n": 0}
+        lr = np.abs([r["log_ratio"] for r in rows])
+        return {"n": len(rows), "agree": float(np.mean(lr <= TOL)), "median_abs_log_ratio": float(np.median(lr))}
+
+    out = {"all": stats(pairs), "ge_20us": stats([p for p in pairs if p["latency"] >= 20e-6])}
+    out["decades"] = {name: stats([p for p in pairs if lo <= p["latency"] < hi]) for lo, hi, name in DECADES}
+    out["backends"] = {b: stats([p for p in pairs if p["backend"] == b]) for b in sorted({p["backend"] for p in pairs})}
+    out["contended_pairs"] = sum(1 for p in pairs if p.get("contended"))
+    return out
+
+
+def print_tables(report: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    con = Console()
+    hw = report.get("hardware", {})
+    con.print(f"[bold]{hw.get('cpu_model')} {hw.get('cpu_id')}[/], isa {hw.get('isa')}, "
+              f"{report.get('threads')} threads, {report.get('date')}")
+    protos = list(report["protocols"])
+    t = Table(title="agreement within +-10% (median |log ratio|), two independent runs")
+    t.add_column("slice")
+    for p in protos:
+        t.add_column(f"{p} ({report['protocols'][p]['rate_per_min']:.0f}/min)")
+    slices = [("all", lambda s: s["all"]), (">= 20 us", lambda s: s["ge_20us"])]
+    slices += [(name, lambda s, n=name: s["decades"][n]) for _, _, name in DECADES]
+    backends = sorted({b for p in protos for b in report["protocols"][p]["summary"]["backends"]})
+    slices += [(b, lambda s, b=b: s["backends"].get(b, {"n": 0})) for b in backends]
+    for label, get in slices:
+        cells = []
+        for p in protos:
+            s = get(report["protocols"][p]["summary"])
+            cells.append("-" if not s["n"] else f"{s['agree']:.0%} ({s['median_abs_log_ratio']:.3f}) n={s['n']}")
+        t.add_row(label, *cells)
+    con.print(t)
+    for p in protos:
+        s = report["protocols"][p]["summary"]
+        con.print(f"{p}: {s['contended_pairs']} pairs had a contended run")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", default="resnet50,mobilenetv2,bert,nasrnn,dcgan")
+    ap.add_argument("--batches", default="1,16")
+    ap.add_argument("--backends", default="onnxruntime,openvino,torch")
+    ap.add_argument("--count", type=int, default=240)
+    ap.add_argument("--max-size", type=int, default=2)
+    ap.add_argument("--protocols", default="m1,m2")
+    ap.add_argument("--processes", type=int, default=None, help="override the protocol's minimum processes")
+    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--json", default="benchmarks/results/measure_agreement.json")
+    ap.add_argument("--table-only", action="store_true")
+    args = ap.parse_args()
+    if args.table_only:
+        print_tables(json.loads(Path(args.json).read_text()))
+        return
+
+    from collage_ml.backends import resolve_backends
+    from collage_ml.measure.hardware import hardware_info
+    from collage_ml.measure.runner import default_threads
+
+    threads = args.threads or default_threads()
+    backends = resolve_backends(args.backends)
+    groups = pick(args.models.split(","), [int(b) for b in args.batches.split(",")], backends, args.count,
+                  args.max_size, args.seed)
+    refs = {mb: g.reference() for mb, (g, _) in groups.items()}
+    n = sum(len(c) for _, c in groups.values())
+    print(f"{n} candidates from {len(groups)} (model, batch) pairs", file=sys.stderr)
+    protos = args.protocols.split(",")
+    runs: dict[str, list] = {p: [] for p in protos}
+    for rnd in range(2):
+        for p in protos:
+            cfg = protocol_config(p, args.processes)
+            out = run_once(groups, refs, cfg, threads, seed=args.seed * 100 + rnd * 10 + protos.index(p) + 1)
+            runs[p].append(out)
+            print(f"run {rnd + 1} of {p}: {out['seconds']:.0f} s", file=sys.stderr)
+    report = {
+        "command": " ".join(sys.argv), "date": time.strftime("%Y-%m-%d %H:%M"), "threads": threads,
+        "hardware": hardware_info(threads), "candidates": n, "protocols": {},
+    }
+    for p in protos:
+        a, b = (r["results"] for r in runs[p])
+        pairs = []
+        for k in a:
+            ma, mb = a[k], b[k]
+            if not (ma.valid and mb.valid and ma.median and mb.median):
+                continue
+            pairs.append({
+                "model": k[0], "batch": k[1], "hash": k[2], "backend": k[3], "a": ma.median, "b": mb.median,
+                "latency": math.sqrt(ma.median * mb.median), "log_ratio": math.log(mb.median / ma.median),
+                "contended": bool(ma.extra.get("contended") or mb.extra.get("contended")),
+                "processes": [len(ma.extra.get("process_medians", [1])), len(mb.extra.get("process_medians", [1]))],
+                "a_process_medians": ma.extra.get("process_medians"), "b_process_medians": mb.extra.get("process_medians"),
+            })
+        secs = sum(r["seconds"] for r in runs[p]) / 2
+        report["protocols"][p] = {
+            "config": protocol_config(p, args.processes).__dict__, "seconds_per_run": secs,
+            "rate_per_min": 60 * n / secs if secs else 0.0, "summary": summarise(pairs), "pairs": pairs,
+        }
+    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.json).write_text(json.dumps(report, indent=1, default=str))
+    print_tables(report)
+
+
+if __name__ == "__main__":
+    main()

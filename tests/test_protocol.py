@@ -1,0 +1,280 @@
+"""The measurement protocol (measure/timing.py, Runner): its rules on fake clocks and a moded fake backend,
+its name in the database key, failed-versus-invalid, and the worker's import path."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sqlite3
+import textwrap
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from collage_ml.candidates import Candidate
+from collage_ml.cost import MAX_ATTEMPTS, PROTOCOL, CandidateKey, Measurement
+from collage_ml.db import Database
+from collage_ml.ir import from_onnx
+from collage_ml.measure import timing
+from collage_ml.measure.runner import Runner, Worker, combine_runs, processes_agree, worker_path
+from collage_ml.measure.timing import LEGACY, TimingConfig, time_callable
+from tests.fake_backends import AbortFixture, HangFixture
+from tests.fake_timing import ModedFixture
+from tests.helpers import chain_model
+
+HW = "cpu-test-t2-000000000000"
+REPO = Path(__file__).resolve().parents[1]
+
+
+class FakeClock:
+    """A clock that advances only when the timed function runs: each call costs ``per_call`` seconds."""
+
+    def __init__(self, per_call: float):
+        self.t = 0.0
+        self.per_call = per_call
+        self.calls = 0
+
+    def __call__(self) -> float:
+        return self.t
+
+    def fn(self) -> None:
+        self.t += self.per_call
+        self.calls += 1
+
+
+# ----------------------------------------------------------------------------- rules, on a fake clock
+
+
+def test_short_calls_are_batched_into_samples_of_at_least_min_sample_seconds():
+    clock = FakeClock(20e-6)
+    cfg = replace(TimingConfig(), max_pressure=float("inf"))
+    r = time_callable(clock.fn, cfg, clock=clock)
+    assert r.calls_per_sample == 50  # 1 ms / 20 us
+    assert all(abs(s - 20e-6) < 1e-12 for s in r.samples)
+    # at least min_repeats samples and min_seconds of timing, then the (zero) spread stops it
+    assert round(cfg.min_seconds / 1e-3) <= len(r.samples) <= round(cfg.min_seconds / 1e-3) + 1
+    assert r.median == pytest.approx(20e-6)
+
+
+def test_long_calls_are_one_per_sample_and_the_cap_bounds_them():
+    clock = FakeClock(0.2)
+    cfg = replace(TimingConfig(), max_pressure=float("inf"))
+    r = time_callable(clock.fn, cfg, clock=clock)
+    assert r.calls_per_sample == 1
+    assert len(r.samples) == 2  # the 0.3 s cap stops it after the second 0.2 s sample
+
+
+def test_legacy_protocol_is_one_call_per_sample_and_five_samples():
+    clock = FakeClock(20e-6)
+    r = time_callable(clock.fn, LEGACY, clock=clock)
+    assert r.calls_per_sample == 1 and len(r.samples) == 5
+    assert LEGACY.name == "m1" and TimingConfig().name == PROTOCOL != LEGACY.name
+
+
+def test_contended_windows_are_retimed_and_marked(monkeypatch):
+    stall = iter(range(0, 10**9, 10**6))  # +1 s of CPU stall per reading: every window is contended
+    monkeypatch.setattr(timing, "cpu_stall_us", lambda: float(next(stall)))
+    clock = FakeClock(20e-6)
+    r = time_callable(clock.fn, TimingConfig(), clock=clock)
+    assert r.contended and r.pressure == 1.0 and r.retimed == TimingConfig().contention_retries
+
+    monkeypatch.setattr(timing, "cpu_stall_us", lambda: 5.0)  # no stall at all
+    r = time_callable(clock.fn, TimingConfig(), clock=clock)
+    assert not r.contended and r.pressure == 0.0 and r.retimed == 0
+
+
+def test_processes_needed_agree_and_combine():
+    cfg = TimingConfig()
+    assert cfg.processes_for(20e-6) == cfg.processes == 2
+    assert cfg.processes_for(0.05) == cfg.long_processes == 1
+    assert processes_agree([1.0], 0.05)
+    assert processes_agree([1.04, 1.0, 2.0], 0.05) and not processes_agree([1.0, 1.2], 0.05)
+    runs = [
+        {"valid": True, "median": 2.0, "spread": 0.01, "samples": [2.0], "pressure": 0.0, "calls_per_sample": 3},
+        {"valid": True, "median": 1.0, "spread": 0.02, "samples": [1.0], "pressure": 0.3, "contended": True,
+         "calls_per_sample": 5},
+    ]
+    c = combine_runs(runs)
+    assert c["median"] == 1.0 and c["spread"] == 0.02 and c["samples"] == [2.0, 1.0]
+    assert c["extra"]["process_medians"] == [2.0, 1.0] and c["extra"]["calls_per_sample"] == 5
+    assert c["extra"]["contended"] is True and c["extra"]["cpu_pressure"] == 0.3
+
+
+# ----------------------------------------------------------------------------- the Runner, real processes
+
+
+@pytest.fixture(scope="module")
+def chain():
+    return from_onnx(chain_model(), name="chain")
+
+
+def _cand(graph, backend):
+    return Candidate(graph.subgraph([0, 1]), backend, "test")
+
+
+QUIET = replace(TimingConfig(), max_pressure=float("inf"), contention_retries=0)
+
+
+def test_per_process_modes_are_seen_through(chain, tmp_path):
+    """The first worker runs in a slow mode (2x), the second in a fast one: the latency is the fast mode."""
+    b = ModedFixture(counter=str(tmp_path / "counter"), fast_us=300.0, slow_us=600.0)
+    with Runner(threads=1, timing=QUIET) as r:
+        (m,) = r.measure([_cand(chain, b)], chain.reference())
+    assert m.valid, m.error_text
+    pm = m.extra["process_medians"]
+    assert len(pm) == 3  # slow, fast, slow: the two fastest never agree, so it stops at max_processes
+    assert pm[0] > 1.6 * pm[1] and m.median == min(pm)
+    assert 280e-6 < m.median < 420e-6
+    assert m.protocol == PROTOCOL and m.extra["calls_per_sample"] >= 2
+
+
+def test_one_process_under_the_legacy_protocol(chain, tmp_path):
+    b = ModedFixture(counter=str(tmp_path / "counter"), fast_us=300.0, slow_us=600.0)
+    with Runner(threads=1, timing=LEGACY) as r:
+        (m,) = r.measure([_cand(chain, b)], chain.reference())
+    assert m.valid and m.protocol == "m1" and len(m.extra["process_medians"]) == 1
+    assert m.median > 500e-6  # the slow first process is all it saw
+
+
+# ----------------------------------------------------------------------------- the protocol is part of the key
+
+
+def _m(protocol: str, median: float = 1e-3, valid: bool = True, **kw) -> Measurement:
+    return Measurement(CandidateKey("h0", "onnxruntime", "1.32.0"), HW, valid, [median], median, 0.0,
+                       protocol=protocol, **kw)
+
+
+def test_rows_of_another_protocol_keep_their_own_key(tmp_path):
+    with Database(tmp_path / "m.db") as db:
+        assert db.commit(_m("m1", 2e-3)) and db.commit(_m(PROTOCOL, 1e-3))
+        assert not db.commit(_m(PROTOCOL, 5e-3))  # a settled key is never overwritten
+        assert db.get(_m("m1").key, HW).median == 1e-3  # the current protocol by default
+        assert db.get(_m("m1").key, HW, "m1").median == 2e-3
+        assert db.known_keys(HW) == {("h0", "onnxruntime", "1.32.0")} and db.known_keys(HW, "m9") == set()
+        assert db.stats()["protocols"] == {"m1": 1, PROTOCOL: 1}
+        assert len(list(db.measurements(protocol="m1"))) == 1
+
+
+def _v1_copy(tmp_path) -> Path:
+    src = REPO / "datasets" / "cpu-2core-zen4-t1" / "measurements.db"
+    if not src.exists():
+        pytest.skip("the shipped dataset is not in this checkout")
+    dst = tmp_path / "v1.db"
+    with sqlite3.connect(f"{src.as_uri()}?mode=ro", uri=True) as s, sqlite3.connect(dst) as d:
+        s.backup(d)
+    with sqlite3.connect(dst) as c:
+        if c.execute("PRAGMA user_version").fetchone()[0] != 1:
+            pytest.skip("the shipped dataset is no longer schema 1")
+    return dst
+
+
+def test_schema_1_reads_without_writing_and_migrates_without_loss(tmp_path):
+    path = _v1_copy(tmp_path)
+    with sqlite3.connect(path) as c:
+        n = c.execute("SELECT COUNT(*) FROM measurements").fetchone()[0]
+        n_valid = c.execute("SELECT COUNT(*) FROM measurements WHERE valid = 1").fetchone()[0]
+        crashed = c.execute(
+            "SELECT COUNT(*) FROM measurements WHERE valid = 0 AND (error_text LIKE 'timeout%' OR error_text LIKE 'worker crashed%')"
+        ).fetchone()[0]
+    before = path.read_bytes()
+    with Database(path, readonly=True) as ro:
+        rows = list(ro.measurements())
+        assert len(rows) == n and {m.protocol for m in rows} == {"m1"}
+        assert sum(m.status == "failed" for m in rows) == crashed
+        assert ro.get(rows[0].key, rows[0].hardware) is None  # not the current protocol
+        assert ro.get(rows[0].key, rows[0].hardware, "m1") is not None
+    assert path.read_bytes() == before  # read-only means read-only
+    with Database(path) as db:  # a writable open migrates
+        assert db.schema_version == 2
+        s = db.stats()
+        assert s["total"] == n and s["valid"] == n_valid and s["failed"] == crashed
+        assert s["protocols"] == {"m1": n}
+        ids = [m.key for m in db.measurements()]
+    with Database(path) as again:  # and stays migrated, with every row in its order
+        assert [m.key for m in again.measurements()] == ids
+
+
+# ----------------------------------------------------------------------------- failed is not invalid
+
+
+def test_a_crash_is_failed_and_retried_up_to_max_attempts(chain, tmp_path):
+    with Database(tmp_path / "m.db") as db, Runner(db=db, threads=1, timing=QUIET, timeout=20) as r:
+        c = _cand(chain, AbortFixture())
+        for attempt in range(1, MAX_ATTEMPTS + 1):
+            (m,) = r.measure([c], chain.reference())
+            stored = db.get(c.key, r.hardware)
+            assert m.status == "failed" and "worker crashed" in m.error_text
+            assert stored.status == "failed" and stored.attempts == attempt
+        assert r.measured == MAX_ATTEMPTS and r.cache_hits == 0
+        (m,) = r.measure([c], chain.reference())  # no attempts left: reported from the database
+        assert r.cache_hits == 1 and m.attempts == MAX_ATTEMPTS
+        assert (c.key.subgraph_hash, c.key.backend, c.key.backend_version) in db.known_keys(r.hardware)
+
+
+def test_a_valid_measurement_replaces_a_failed_row_and_merge_prefers_it(tmp_path):
+    failed = _m(PROTOCOL, valid=False, failed=True)
+    failed.median, failed.samples, failed.error_text = None, [], "timeout: no result after 1 s"
+    with Database(tmp_path / "a.db") as a, Database(tmp_path / "b.db") as b:
+        assert a.commit(failed) and b.commit(_m(PROTOCOL, 3e-3))
+        assert a.merge(tmp_path / "b.db") == 1
+        got = a.get(failed.key, HW)
+        assert got.status == "valid" and got.median == 3e-3 and got.attempts == 2
+        assert b.merge(tmp_path / "a.db") == 0  # a settled row never gives way
+        assert a.commit(failed) is False  # nor does it to a later failure
+
+
+def test_hang_is_failed_not_invalid(chain):
+    with Runner(threads=1, timing=QUIET, timeout=3) as r:
+        (m,) = r.measure([_cand(chain, HangFixture())], chain.reference())
+    assert m.status == "failed" and m.error_text.startswith("timeout")
+
+
+def test_only_committed_measurements_are_counted(chain, tmp_path, monkeypatch):
+    from collage_ml.backends.onnxruntime_backend import OnnxRuntimeBackend
+
+    with Database(tmp_path / "m.db") as db, Runner(db=db, threads=1, timing=LEGACY) as r:
+        monkeypatch.setattr(db, "commit", lambda m: False)  # as if another process had committed the key first
+        r.measure([_cand(chain, OnnxRuntimeBackend())], chain.reference())
+        assert r.measured == 0 and r.refused == 1
+
+
+# ----------------------------------------------------------------------------- the worker's import path
+
+
+def test_worker_does_not_import_from_the_working_directory(tmp_path, monkeypatch):
+    (tmp_path / "numpy.py").write_text(
+        textwrap.dedent(
+            f"""
+            open({str(tmp_path / 'SHADOWED')!r}, 'w').close()
+            raise ImportError('the shadowing numpy.py was imported')
+            """
+        )
+    )
+    monkeypatch.chdir(tmp_path)
+    assert str(tmp_path) not in worker_path()
+    w = Worker(threads=1)
+    try:
+        w.start()  # imports numpy (through collage_ml) in the worker
+        assert w.alive()
+    finally:
+        w.stop()
+    assert not (tmp_path / "SHADOWED").exists()
+
+
+def test_worker_path_keeps_directories_that_modules_came_from(tmp_path, monkeypatch):
+    pkg = tmp_path / "userbackends_for_test"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("X = 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import importlib
+
+    importlib.import_module("userbackends_for_test")
+    try:
+        assert str(tmp_path) in worker_path()
+    finally:
+        import sys
+
+        sys.modules.pop("userbackends_for_test", None)
+    shutil.rmtree(pkg)
+    assert os.path.isdir(tmp_path)

@@ -1,0 +1,96 @@
+"""Layers import only downward (DESIGN.md): a module may import from its own layer and the layers below.
+
+The order, bottom to top (a module's layer is its top-level module or package under ``collage_ml``):
+
+    errors, cost, paths < ir < backends < candidates, plan < measure < db < featurize < models < search
+    < collector, sampling < api, viz < cli, __main__, __init__
+
+Imports inside functions count: a lazy import is still a dependency. :data:`KNOWN` lists the upward imports
+that exist today, each to be removed (issue: one tuner, downward layers); a new one fails this test, and so
+does a listed one that has gone (so the list only shrinks).
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PKG = Path(__file__).resolve().parents[1] / "collage_ml"
+
+ORDER = [
+    {"errors", "cost", "paths"},
+    {"ir"},
+    {"backends"},
+    {"candidates", "plan"},
+    {"measure"},
+    {"db"},
+    {"featurize"},
+    {"models"},
+    {"search"},
+    {"collector", "collect", "sampling"},
+    {"api", "viz", "ui"},
+    {"cli", "__main__", "__init__"},
+]
+LAYER = {name: i for i, names in enumerate(ORDER) for name in names}
+
+#: (importing module, imported module) pairs that go upward today
+KNOWN: set[tuple[str, str]] = {
+    ("collage_ml.ir.graph", "collage_ml.backends.onnxruntime_backend"),  # the reference run's ORT session
+    ("collage_ml.plan", "collage_ml.measure.runner"),  # rebuilding backends from specs
+    ("collage_ml.plan", "collage_ml.measure.timing"),  # PlacedModel.time
+}
+
+
+def _unit(path: Path) -> str:
+    rel = path.relative_to(PKG)
+    return rel.parts[0].removesuffix(".py")
+
+
+def _module(path: Path) -> str:
+    rel = path.relative_to(PKG).with_suffix("")
+    parts = [p for p in rel.parts if p != "__init__"]
+    return ".".join(["collage_ml", *parts])
+
+
+def _imports(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    out: set[str] = set()
+    pkg = _module(path) if path.name == "__init__.py" else _module(path).rsplit(".", 1)[0]
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out.update(a.name for a in node.names if a.name.startswith("collage_ml"))
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = pkg.split(".")
+                base = base[: len(base) - node.level + 1]
+                mod = ".".join(base + ([node.module] if node.module else []))
+            else:
+                mod = node.module or ""
+            if mod.startswith("collage_ml"):
+                out.add(mod)
+    return out
+
+
+def upward_imports() -> set[tuple[str, str]]:
+    found = set()
+    for path in sorted(PKG.rglob("*.py")):
+        unit = _unit(path)
+        assert unit in LAYER, f"{path.relative_to(PKG.parent)}: give {unit!r} a layer in tests/test_layers.py"
+        for mod in _imports(path):
+            parts = mod.split(".")
+            if len(parts) < 2:  # "import collage_ml": the package root
+                target = "__init__"
+            else:
+                target = parts[1]
+            assert target in LAYER, f"{_module(path)} imports {mod}: give {target!r} a layer"
+            if LAYER[target] > LAYER[unit]:
+                found.add((_module(path), ".".join(parts[:3]) if len(parts) > 2 else mod))
+    return found
+
+
+def test_layers_import_only_downward():
+    found = upward_imports()
+    new = sorted(found - KNOWN)
+    gone = sorted(KNOWN - found)
+    assert not new, "upward imports (a lower layer importing a higher one): " + "; ".join(f"{a} -> {b}" for a, b in new)
+    assert not gone, "these upward imports are gone: remove them from KNOWN: " + "; ".join(f"{a} -> {b}" for a, b in gone)

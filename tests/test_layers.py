@@ -2,7 +2,7 @@
 
 The order, bottom to top (a module's layer is its top-level module or package under ``collage_ml``):
 
-    errors, cost, paths < ir < backends < candidates, plan < measure < db < featurize < models < search
+    errors, cost, paths, defaults < ir < backends < candidates, plan < measure < db < featurize < models < search
     < collector, sampling < api, viz < cli, __main__, __init__
 
 Imports inside functions count: a lazy import is still a dependency. :data:`KNOWN` lists the upward imports
@@ -18,7 +18,7 @@ from pathlib import Path
 PKG = Path(__file__).resolve().parents[1] / "collage_ml"
 
 ORDER = [
-    {"errors", "cost", "paths"},
+    {"errors", "cost", "paths", "defaults"},
     {"ir"},
     {"backends"},
     {"candidates", "plan"},

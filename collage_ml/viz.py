@@ -211,7 +211,7 @@ class PlanView:
         if lat is not None:
             what += f", {lat:.3f} ms end to end"
         if r.get("chosen"):
-            what += f" ({r['chosen']} plan)"
+            what += f" ({r['chosen']})"
         return what
 
     def table(self):
@@ -237,6 +237,8 @@ class PlanView:
             out += f", {_ms(sum(hand))} measured in chains"
         if all(v is not None for v in known):
             out += f"; partitions sum to {_ms(sum(known))}"
+        else:
+            out += "; measured '-': never timed alone (e.g. a merged region); plans are judged end to end"
         return out
 
     # -- the picture ------------------------------------------------------------------------
@@ -269,7 +271,9 @@ class PlanView:
                    id=f"output-{t}")
         for p in self.partitions:
             with d.subgraph(name=f"cluster_P{p.index}") as c:
-                label = f"P{p.index} {p.backend}  {len(p.nodes)} node(s)  {_ms(p.measured_ms)}"
+                label = f"P{p.index} {p.backend}  {len(p.nodes)} node(s)"
+                if p.measured_ms is not None:
+                    label += f"  {_ms(p.measured_ms)}"
                 c.attr(id=f"partition-{p.index}", label=label, style="rounded,filled", color="#555555",
                        fillcolor=self.colours[p.backend], penwidth="1.2", fontsize="10", labeljust="l",
                        tooltip=f"P{p.index} on {p.backend}: {_ops(p.ops, 99)}")

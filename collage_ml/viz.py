@@ -117,7 +117,7 @@ def _ms(v: float | None) -> str:
 
 def _ops(hist: Mapping[str, int], limit: int = 6) -> str:
     items = sorted(hist.items(), key=lambda kv: (-kv[1], kv[0]))
-    parts = [f"{op}x{n}" if n > 1 else op for op, n in items[:limit]]
+    parts = [f"{op}\u00d7{n}" if n > 1 else op for op, n in items[:limit]]
     if len(items) > limit:
         parts.append(f"+{len(items) - limit} more")
     return " ".join(parts)

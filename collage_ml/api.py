@@ -7,8 +7,10 @@ arguments and prints.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
+from collage_ml.collector import DEFAULT_INDUCTOR_FRACTION, DEFAULT_MAX_REFERENCE_BYTES, DEFAULT_SAMPLES_PER_GRAPH
+from collage_ml.defaults import BACKENDS, COST_MODEL, DB, MAX_REGION_SIZE, MODE, MODEL_KIND, PROGRESS, THREADS
 from collage_ml.ir import Graph, import_model
 
 
@@ -37,51 +39,216 @@ def export_zoo(name: str, path: str | Path, batch: int = 1, seed: int = 0) -> Gr
 
 def place(
     model: Any,
-    backends: Sequence[str] | str | None = None,
-    mode: str = "exhaustive",
-    db: Any = None,
+    backends: Sequence[str] | str | None = BACKENDS,
+    mode: str = MODE,
+    db: Any = DB,
     *,
     example_inputs: Sequence[Any] | None = None,
     batch: int = 1,
     input_shapes: Mapping[str, Sequence[int]] | None = None,
-    max_region_size: int = 3,
-    threads: int | None = None,
-    progress: bool = False,
-    log=None,
-    **kwargs: Any,
+    max_region_size: int = MAX_REGION_SIZE,
+    threads: int | None = THREADS,
+    cost_model: Any = COST_MODEL,
+    measure_budget: int | None = None,
+    guided_config: Any = None,
+    graph_level: bool = True,
+    evo_config: Any = None,
+    timing: Any = None,
+    tolerance: Any = None,
+    timeout: float = 300.0,
+    progress: bool = PROGRESS,
+    log: Callable[[str], None] | None = None,
 ):
-    """Places ``model`` on the fastest mix of ``backends``; returns a runnable :class:`PlacedModel`.
+    """Places ``model`` on the fastest mix of ``backends``; returns a runnable :class:`~collage_ml.plan.PlacedModel`.
 
-    ``model`` is anything :func:`import_model` takes. ``backends`` is a list or a
-    comma-separated string of backend names (default: the CPU default set).
-    ``db`` is a database path or :class:`~collage_ml.db.Database` (default: the
-    per-user database, so placing the same model twice hits the cache). The
-    placed model's ``report`` holds the measurements, the baselines and the
-    search statistics.
+    - ``model``: anything :func:`import_model` takes (a zoo name, an ``.onnx`` path, an
+      ``onnx.ModelProto``, or an ``nn.Module`` with ``example_inputs``); ``batch`` sizes zoo
+      models, ``input_shapes`` pins dynamic input dimensions.
+    - ``backends``: a list or a comma-separated string of backend names (configurations such as
+      ``"onnxruntime[spin=on]"`` allowed); None is the default CPU set.
+    - ``mode``: ``"exhaustive"`` measures every candidate (cache hits excepted), as Collage did;
+      ``"guided"`` measures only what ``cost_model`` cannot rule out.
+    - ``db``: a database path or :class:`~collage_ml.db.Database`; None is the per-user database,
+      so placing the same model twice hits the cache.
+    - ``max_region_size``: the largest region candidate, in nodes (each backend's whole-model
+      region is always tried as well). ``threads``: intra-op threads for every backend (None:
+      ``$COLLAGE_ML_THREADS`` or the physical cores).
+    - guided mode only: ``cost_model`` (``"default"``, an artifact path or a
+      :class:`~collage_ml.models.base.CostModel`), ``measure_budget`` (new candidates measured
+      at most), ``guided_config`` (a :class:`~collage_ml.search.guided.GuidedConfig`).
+    - ``graph_level``: run the graph-level evolutionary search after the op-level DP, configured
+      by ``evo_config`` (an :class:`~collage_ml.search.evolutionary.EvoConfig`).
+    - ``timing`` (:class:`~collage_ml.measure.timing.TimingConfig`), ``tolerance``
+      (:class:`~collage_ml.measure.timing.Tolerance`, the reference check) and ``timeout``
+      (seconds per candidate) set the measurement protocol; None is the default protocol.
+    - ``progress`` shows a progress bar; ``log(text)`` hears what the search is doing.
+
+    The placed model's ``report`` holds the measurements, the baselines and the search statistics
+    (README, "CLI"); ``collage_ml.show(placed)`` draws it.
     """
     from collage_ml.backends.base import resolve_backends
+    from collage_ml.measure.timing import TimingConfig, Tolerance
     from collage_ml.search.tuner import place as _place
 
     graph = import_model(model, example_inputs, batch=batch, input_shapes=input_shapes)
     family = model if isinstance(model, str) and not str(model).endswith(".onnx") else graph.name
-    res = _place(graph, resolve_backends(backends), mode, db, max_region_size=max_region_size, threads=threads,
-                 progress=progress, log=log, family=family.removesuffix("-tiny") if isinstance(family, str) else "",
-                 **kwargs)
+    res = _place(
+        graph, resolve_backends(backends), mode, db, max_region_size=max_region_size, threads=threads,
+        timing=TimingConfig() if timing is None else timing, tolerance=Tolerance() if tolerance is None else tolerance,
+        timeout=timeout, progress=progress, log=log,
+        family=family.removesuffix("-tiny") if isinstance(family, str) else "", graph_level=graph_level,
+        evo_config=evo_config, cost_model=cost_model, measure_budget=measure_budget, guided_config=guided_config,
+    )
     return res.placed
 
 
-def collect(*args: Any, **kwargs: Any):
-    """Measures candidates into a database; see :func:`collage_ml.collector.collect`. Returns a CollectSummary."""
+def collect(
+    models: str | Sequence[str] = "all",
+    backends: Sequence[str] | str | None = BACKENDS,
+    db: Any = DB,
+    *,
+    budget_minutes: float | None = None,
+    max_candidates: int | None = None,
+    sampler: str = "enumerate",
+    shard: Any = None,
+    seed: int = 0,
+    threads: int | None = THREADS,
+    max_region_size: int = MAX_REGION_SIZE,
+    batch_sizes: Any = None,
+    cost_model: Any = None,
+    inductor_fraction: float = DEFAULT_INDUCTOR_FRACTION,
+    samples_per_graph: int = DEFAULT_SAMPLES_PER_GRAPH,
+    max_reference_bytes: int = DEFAULT_MAX_REFERENCE_BYTES,
+    timing: Any = None,
+    timeout: float = 120.0,
+    dry_run: bool = False,
+    ray_address: str | None = None,
+    ray_shards: int | None = None,
+    progress: bool = PROGRESS,
+    on_measurement: Callable[[Any], None] | None = None,
+):
+    """Measures candidates of ``models`` on ``backends`` into ``db``; resumable, shardable, budgeted.
+
+    Returns a :class:`~collage_ml.collector.CollectSummary`. ``models`` are zoo names and ONNX
+    paths (``"all"``: every full-size zoo model, ``"tiny"``: every ``-tiny`` one); ``backends``,
+    ``db``, ``threads`` and ``max_region_size`` mean what they mean for :func:`place`.
+    ``sampler`` is ``"enumerate"`` (what the placement search sees), ``"random"`` (random
+    convex subgraphs at several batch sizes) or ``"focus"`` (where ``cost_model`` is least
+    sure). ``budget_minutes`` and ``max_candidates`` stop early; ``shard="i/n"`` measures one
+    shard; ``ray_address`` runs the shards on a Ray cluster. Every other argument is described
+    in :func:`collage_ml.collector.collect`.
+    """
     from collage_ml.collector import collect as _collect
 
-    return _collect(*args, **kwargs)
+    return _collect(
+        models, backends, db, budget_minutes=budget_minutes, max_candidates=max_candidates, sampler=sampler,
+        shard=shard, seed=seed, threads=threads, max_region_size=max_region_size, batch_sizes=batch_sizes,
+        progress=progress, ray_address=ray_address, cost_model=cost_model, inductor_fraction=inductor_fraction,
+        samples_per_graph=samples_per_graph, timing=timing, timeout=timeout, max_reference_bytes=max_reference_bytes,
+        dry_run=dry_run, on_measurement=on_measurement, ray_shards=ray_shards,
+    )
 
 
-def load(path: str | Path, threads: int | None = None):
-    """Loads a placed model saved with ``PlacedModel.save(dir)``; its backends are recompiled."""
+def train(
+    db: Any = DB,
+    model: Any = MODEL_KIND,
+    out: str | Path | None = None,
+    holdout_families: Sequence[str] = (),
+    params: Mapping[str, Any] | None = None,
+    *,
+    hardware: str | None = None,
+    progress: bool = PROGRESS,
+):
+    """Fits a cost model on the valid measurements of ``db``; returns the :class:`~collage_ml.models.base.CostModel`.
+
+    - ``db``: a database path or :class:`~collage_ml.db.Database`; None is the per-user database
+      (the one :func:`place` and :func:`collect` write, so training closes the loop).
+    - ``model``: ``"xgb"`` (gradient-boosted trees on flat features) or ``"gnn"`` (a graph
+      network), built with ``params`` (e.g. ``{"n_estimators": 200}``), or an unfitted CostModel.
+    - ``out``: save the artifact in this directory (``guided`` placement and :func:`evaluate`
+      take its path); None keeps it in memory only.
+    - ``holdout_families``: source families (e.g. ``["bert"]``) left out of training and scored.
+    - ``hardware``: train on this hardware fingerprint's rows only.
+
+    The model's ``training`` dict says what happened: ``n``, ``sources``, ``backends``,
+    ``hardware``, ``fit_seconds``, ``params``, and for held-out families ``holdout[family]``
+    (the metrics of :func:`evaluate`) and ``holdout_average``. This is ``collage-ml train``.
+    """
+    from collage_ml.models.training import train as _train
+
+    return _train(db, model, out, holdout_families, params, hardware=hardware, progress=progress)
+
+
+def evaluate(
+    db: Any = DB,
+    artifact: Any = COST_MODEL,
+    holdout_families: Sequence[str] = (),
+    *,
+    hardware: str | None = None,
+    progress: bool = PROGRESS,
+) -> dict:
+    """Scores a cost model on the valid measurements of ``db``; returns a dict of metrics.
+
+    ``artifact`` is an artifact directory (from :func:`train` or ``collage-ml train``),
+    ``"default"`` (the shipped model that fits this machine) or a CostModel. ``holdout_families``
+    restricts the data to those families (default: every family). The dict has
+    ``pairwise_accuracy``, ``kendall_tau``, ``mape``, ``within_10pct``, ``top1_regret``,
+    ``backend_pairwise_accuracy``, ``backend_choice_regret`` and ``n`` (fractions; see
+    :mod:`collage_ml.models.evaluate`), ``per_family`` metrics when several families are scored,
+    and ``overlaps_training``: the scored families the model was trained on (a ``UserWarning``
+    says so, since those numbers are not held out). This is ``collage-ml eval``.
+    """
+    from collage_ml.models.training import evaluate as _evaluate
+
+    return _evaluate(db, artifact, holdout_families, hardware=hardware, progress=progress)
+
+
+def load(path: str | Path, threads: int | None = THREADS):
+    """Loads a placed model saved with ``PlacedModel.save(dir)``; its backends are recompiled.
+
+    ``threads`` overrides the thread count the plan was placed with (None keeps it).
+    """
     from collage_ml.plan import load as _load
 
     return _load(path, threads=threads)
+
+
+def show(placed: Any, svg: str | Path | None = None, *, db: Any = DB, report: Mapping[str, Any] | None = None):
+    """A picture and a table of a placed model's plan; returns a :class:`~collage_ml.viz.PlanView`.
+
+    ``placed`` is a :class:`~collage_ml.plan.PlacedModel` or a directory written by
+    ``PlacedModel.save`` (read without compiling any backend). ``svg``: write the picture
+    there (Graphviz's ``dot`` lays it out; a :class:`~collage_ml.viz.GraphvizMissing` error
+    says how to install it). ``db``: the measurement database that partition latencies and
+    hand-off costs are read from when the plan does not carry them (None: the per-user one,
+    when it exists). ``report`` overrides the placed model's report. ``view.table()`` is the
+    partition table (a rich Table), ``view.rows()`` the same as dicts.
+    """
+    from collage_ml.db import default_db_path
+    from collage_ml.errors import CollageError
+    from collage_ml.plan import PlacedModel
+    from collage_ml.viz import PlanView, read_placed
+
+    if isinstance(placed, PlacedModel):
+        graph, plan, rep = placed.graph, placed.plan, placed.report
+    elif isinstance(placed, (str, Path)):
+        graph, plan, rep = read_placed(placed)
+    else:
+        raise TypeError(f"show() takes a PlacedModel or a saved placed model's directory, not {type(placed).__name__}")
+    if db is None:
+        path = default_db_path()
+        db = path if path.exists() else None
+        try:
+            view = PlanView(graph, plan, rep if report is None else report, db)
+        except CollageError:  # an unreadable per-user database: draw without it
+            view = PlanView(graph, plan, rep if report is None else report)
+    else:
+        if isinstance(db, (str, Path)) and not Path(db).exists():
+            raise CollageError(f"no measurement database at {db}")
+        view = PlanView(graph, plan, rep if report is None else report, db)
+    if svg is not None:
+        view.write_svg(svg)
+    return view
 
 
 def backends_info() -> list[dict]:
@@ -115,6 +282,6 @@ def db_merge(into: str | Path, other: str | Path) -> int:
 
 
 __all__ = [
-    "place", "load", "collect", "import_model", "inspect_model", "export_zoo", "backends_info", "open_db", "db_stats", "db_export_parquet",
+    "place", "load", "collect", "train", "evaluate", "show", "import_model", "inspect_model", "export_zoo", "backends_info", "open_db", "db_stats", "db_export_parquet",
     "db_merge",
 ]

@@ -11,6 +11,7 @@ import json
 import sys
 from typing import Sequence
 
+from collage_ml.defaults import MAX_REGION_SIZE
 from collage_ml.errors import CollageError
 
 
@@ -69,9 +70,11 @@ def build_parser() -> argparse.ArgumentParser:
                     help="guided mode: measure at most N new candidates")
     pl.add_argument("--db", default=None, metavar="PATH", help="measurement database (default: per-user)")
     pl.add_argument("--out", default=None, metavar="DIR", help="save the placed model here")
-    pl.add_argument("--report", default=None, metavar="FILE.json", help="write the JSON report here")
-    pl.add_argument("--max-region-size", type=_positive_int, default=3,
-                    help="largest region candidate, in nodes (whole-model regions are always tried)")
+    pl.add_argument("--report", default=None, metavar="FILE.json",
+                    help="write the JSON report here, and a picture of the placed graph beside it (FILE.svg)")
+    pl.add_argument("--max-region-size", type=_positive_int, default=MAX_REGION_SIZE,
+                    help=f"largest region candidate, in nodes (whole-model regions are always tried; default: "
+                         f"{MAX_REGION_SIZE})")
     pl.add_argument("--threads", type=_positive_int, default=None, help="intra-op threads for every backend")
     pl.add_argument("--batch", type=_positive_int, default=1, help="batch size (zoo models)")
     pl.add_argument("--input-shape", type=_shape_arg, action="append", default=[], metavar="NAME=D1,D2,...")
@@ -79,6 +82,11 @@ def build_parser() -> argparse.ArgumentParser:
                     help="skip the graph-level evolutionary search (op-level DP and single backends only)")
     pl.add_argument("--generations", type=_positive_int, default=6, help="graph-level search generations")
     pl.add_argument("--no-progress", action="store_true", help="no progress bar")
+    sh = sub.add_parser("show", help="draw a saved placed model's plan (SVG) and print its partition table")
+    sh.add_argument("placed_dir", metavar="PLACED_DIR", help="a directory written by `place --out`")
+    sh.add_argument("--svg", default=None, metavar="OUT", help="write the picture here (default: PLACED_DIR/plan.svg)")
+    sh.add_argument("--db", default=None, metavar="PATH",
+                    help="read partition latencies and hand-off costs from this database (default: per-user)")
 
     b = sub.add_parser("backends", help="list the backends with availability, version and device")
     b.add_argument("--json", action="store_true", help="print JSON")
@@ -199,6 +207,7 @@ def _cmd_place(args) -> int:
             Path(args.report).write_text(json.dumps(rep, indent=1))
         except OSError as e:
             raise CollageError(f"cannot write the report to {args.report}: {e.strerror or e}") from None
+        _show(api.show(pm, db=args.db), Path(args.report).with_suffix(".svg"), required=False)
     if args.out:
         pm.save(args.out)
         print(f"saved the placed model to {args.out}")
@@ -206,6 +215,32 @@ def _cmd_place(args) -> int:
         print(f"collage-ml: error: the placed model's outputs do not match the reference: {rep['mismatch']}",
               file=sys.stderr)
         return 1
+    return 0
+
+
+def _show(view, svg, required: bool) -> None:
+    """Prints the partition table and writes the picture; without Graphviz, a warning unless ``required``."""
+    from rich.console import Console
+
+    from collage_ml.viz import GraphvizMissing
+
+    Console().print(view.table())
+    try:
+        view.write_svg(svg)
+    except GraphvizMissing as e:
+        if required:
+            raise
+        print(f"collage-ml: warning: no picture of the plan: {e}", file=sys.stderr)
+        return
+    print(f"wrote {svg}")
+
+
+def _cmd_show(args) -> int:
+    from pathlib import Path
+
+    from collage_ml import api
+
+    _show(api.show(args.placed_dir, db=args.db), args.svg or Path(args.placed_dir) / "plan.svg", required=True)
     return 0
 
 
@@ -276,7 +311,7 @@ def _cmd_models(args) -> int:
     return run(args)
 
 
-COMMANDS = {"collect": _cmd_collect, "train": _cmd_models, "eval": _cmd_models, "place": _cmd_place, "zoo": _cmd_zoo, "inspect": _cmd_inspect, "backends": _cmd_backends, "db": _cmd_db}
+COMMANDS = {"collect": _cmd_collect, "train": _cmd_models, "eval": _cmd_models, "place": _cmd_place, "show": _cmd_show, "zoo": _cmd_zoo, "inspect": _cmd_inspect, "backends": _cmd_backends, "db": _cmd_db}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

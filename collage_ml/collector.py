@@ -48,6 +48,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from collage_ml.db import default_db_path
+from collage_ml.defaults import MAX_REGION_SIZE
 from collage_ml.errors import CollageError, describe
 
 SAMPLERS = ("enumerate", "random", "focus")
@@ -353,7 +354,7 @@ def plan(
     shard: Any = None,
     seed: int = 0,
     threads: int | None = None,
-    max_region_size: int = 4,
+    max_region_size: int = MAX_REGION_SIZE,
     batch_sizes: Any = None,
     inductor_fraction: float = DEFAULT_INDUCTOR_FRACTION,
     samples_per_graph: int = DEFAULT_SAMPLES_PER_GRAPH,
@@ -493,7 +494,7 @@ class CollectSummary:
     shard: str | None = None
     seed: int = 0
     threads: int = 1
-    max_region_size: int = 4
+    max_region_size: int = MAX_REGION_SIZE
     inductor_fraction: float = DEFAULT_INDUCTOR_FRACTION
     candidates: int = 0
     planned: int = 0
@@ -691,7 +692,7 @@ def collect(
     shard: Any = None,
     seed: int = 0,
     threads: int | None = None,
-    max_region_size: int = 4,
+    max_region_size: int = MAX_REGION_SIZE,
     batch_sizes: Any = None,
     progress: bool = True,
     ray_address: str | None = None,
@@ -1093,8 +1094,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="seed of the random and focus samplers (default: 0)")
     p.add_argument("--threads", type=_arg(_positive_int), default=None, metavar="N",
                    help="intra-op threads for every backend (default: $COLLAGE_ML_THREADS or the physical cores)")
-    p.add_argument("--max-region-size", type=_arg(_positive_int), default=4, metavar="N",
-                   help="largest region (nodes) enumerated or sampled (default: 4)")
+    p.add_argument("--max-region-size", type=_arg(_positive_int), default=MAX_REGION_SIZE, metavar="N",
+                   help=f"largest region (nodes) enumerated or sampled (default: {MAX_REGION_SIZE})")
     p.add_argument("--batch-sizes", type=_arg(parse_batch_sizes), default=None, metavar="1,2,...",
                    help="batch sizes of zoo models (default: 1 for enumerate, 1,2,4,8,16 for random and focus)")
     p.add_argument("--samples-per-graph", type=_arg(_positive_int), default=DEFAULT_SAMPLES_PER_GRAPH, metavar="N",

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Idempotent set-up of .venv/ for collage-ml.
-#   scripts/setup.sh          core + openvino + mnn + parquet + plots + test extras
+#   scripts/setup.sh          core + openvino + mnn + parquet + plots + test extras, and Graphviz's dot
 # On a machine without an NVIDIA GPU it installs the CPU build of torch first
 # (torch==2.13.0, a local wheel here) and xgboost-cpu; with a GPU it installs
 # plain xgboost and lets torch resolve to its CUDA build.
@@ -26,4 +26,11 @@ else
   $PIP install -q "torch==2.13.0"
 fi
 $PIP install -q -e ".[$FLAVOUR,openvino,mnn,parquet,plots,test]"
+# Graphviz's dot lays out the plan pictures of `place --report` and `collage-ml show`; best effort
+# (needs root and apt-get): without it, everything else works and drawing says how to install it.
+if ! command -v dot >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1; then
+  { DEBIAN_FRONTEND=noninteractive apt-get install -y -qq graphviz \
+    || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq graphviz; }; } >/dev/null 2>&1 \
+    || echo "setup.sh: could not install graphviz (apt-get); plan pictures need its dot" >&2
+fi
 echo "$HASH" > "$STAMP"

@@ -417,3 +417,44 @@ def test_cli_errors(artifact, tiny_db, tmp_path, capsys):
     assert main(["train", "--db", str(tiny_db), "--model", "xgb", "-o", str(tmp_path / "x"),
                  "--param", "n_trees=3"]) == 2
     _one_line_error(capsys, "bad --param", "n_trees")
+
+
+# ----------------------------------------------------------------------------- Python API
+def test_api_train_and_evaluate(tiny_db, tmp_path):
+    import warnings
+
+    import collage_ml
+
+    out = tmp_path / "xgb"
+    params = {"n_estimators": 20, "n_members": 2, "n_jobs": 1}
+    m = collage_ml.train(tiny_db, "xgb", out, holdout_families=["dcgan"], params=params)
+    assert isinstance(m, CostModel) and m.kind == "xgb" and (out / "meta.json").exists()
+    t = m.training
+    assert t["sources"] == ["resnet50"] and t["holdout_families"] == ["dcgan"] and t["n"] > 100
+    assert t["holdout"]["dcgan"]["n"] == t["n_holdout"] > 50
+    mean, sd = m.predict([s for s in Dataset.from_db(tiny_db).samples[:5]])
+    assert len(mean) == 5 and np.all(mean > 0)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # dcgan was held out: no overlap warning
+        r = collage_ml.evaluate(tiny_db, out, holdout_families=["dcgan"])
+    for k in ("pairwise_accuracy", "kendall_tau", "mape", "within_10pct", "top1_regret",
+              "backend_pairwise_accuracy", "backend_choice_regret", "n"):
+        assert k in r
+    assert r["families"] == ["dcgan"] and r["overlaps_training"] == [] and r["per_family"] == {}
+    # the same numbers as `collage-ml eval --json`, and as the held-out metrics of train
+    assert r["pairwise_accuracy"] == pytest.approx(t["holdout"]["dcgan"]["pairwise_accuracy"])
+    # an in-memory model evaluates too; every family, with the overlap warned about
+    with pytest.warns(UserWarning, match="resnet50.*not held out"):
+        r2 = collage_ml.evaluate(tiny_db, m)
+    assert set(r2["per_family"]) == {"dcgan", "resnet50"} and r2["overlaps_training"] == ["resnet50"]
+
+    # no artifact written without out=; errors are CollageErrors or ValueErrors, as in the CLI
+    m2 = collage_ml.train(tiny_db, params={"n_estimators": 5, "n_members": 1, "n_jobs": 1})
+    assert m2.training["artifact"] is None and m2.training["holdout_families"] == []
+    with pytest.raises(ValueError, match="n_trees"):
+        collage_ml.train(tiny_db, params={"n_trees": 3})
+    with pytest.raises(collage_ml.CollageError, match="known families: dcgan, resnet50"):
+        collage_ml.evaluate(tiny_db, out, holdout_families=["bertt"])
+    with pytest.raises(collage_ml.CollageError, match="no measurement database"):
+        collage_ml.train(tmp_path / "nope.db")

@@ -58,6 +58,8 @@ class CostModel(ABC):
         self.params: dict[str, Any] = dict(params)
         self.meta: dict[str, Any] = {"updates": 0, "trained_on": {}}
         self.hw: HardwareDesc | None = None  # the descriptor candidates are predicted for by default
+        #: what the last :func:`collage_ml.train` call did (samples, sources, held-out metrics); not saved
+        self.training: dict[str, Any] = {}
 
     # -- the interface -------------------------------------------------------------------
     @abstractmethod

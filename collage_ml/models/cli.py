@@ -10,13 +10,12 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
-from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
-from collage_ml.errors import CollageError
+from collage_ml.defaults import COST_MODEL, DB, MODEL_KIND
 
 KINDS = ("xgb", "gnn")
+DB_HELP = "measurement database (default: the per-user one that place and collect write)"
 
 
 def _param_arg(text: str) -> tuple[str, Any]:
@@ -42,8 +41,8 @@ def add_parser(subparsers) -> None:
             "families are left out of training and scored afterwards."
         ),
     )
-    t.add_argument("--db", required=True, metavar="PATH", help="measurement database")
-    t.add_argument("--model", required=True, choices=KINDS, help="model kind")
+    t.add_argument("--db", default=DB, metavar="PATH", help=DB_HELP)
+    t.add_argument("--model", default=MODEL_KIND, choices=KINDS, help=f"model kind (default: {MODEL_KIND})")
     t.add_argument("-o", "--output", required=True, metavar="ARTIFACT", help="artifact directory to write")
     t.add_argument("--holdout-family", action="append", default=[], metavar="NAME",
                    help="leave this source family out of training and report its metrics (repeatable)")
@@ -62,9 +61,10 @@ def add_parser(subparsers) -> None:
             "sources."
         ),
     )
-    e.add_argument("--db", required=True, metavar="PATH", help="measurement database")
-    e.add_argument("--artifact", required=True, metavar="ARTIFACT|default",
-                   help="artifact directory, or 'default' for the shipped one that fits this machine")
+    e.add_argument("--db", default=DB, metavar="PATH", help=DB_HELP)
+    e.add_argument("--artifact", default=COST_MODEL, metavar="ARTIFACT|default",
+                   help="artifact directory, or 'default' for the shipped one that fits this machine (default: "
+                        f"{COST_MODEL})")
     e.add_argument("--holdout-family", action="append", default=[], metavar="NAME",
                    help="evaluate on this source family only (repeatable)")
     e.add_argument("--hardware", default=None, metavar="FP", help="evaluate on this hardware fingerprint only")
@@ -81,52 +81,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 # ----------------------------------------------------------------------------- shared
-def _load_dataset(path: str, hardware: str | None, progress: bool):
-    from collage_ml.db import Database
-    from collage_ml.models.dataset import Dataset
-
-    p = Path(path)
-    if not p.exists():
-        raise CollageError(f"no measurement database at {p}; make one with `collage-ml collect --db {p}`")
-    with Database(p, readonly=True) as db:
-        ds = Dataset.from_db(db, hardware=hardware, progress=progress)
-        if not len(ds):
-            st = db.stats()
-            have = ", ".join(f"{fp} ({n})" for fp, n in sorted(st["hardware"].items())) or "no rows at all"
-            what = f"hardware {hardware}" if hardware else "any hardware"
-            raise CollageError(
-                f"{p} has no valid measurements for {what} ({st['valid']} valid rows; hardware: {have})"
-            )
-    return ds
-
-
-def _check_families(names: Sequence[str], ds, path: str) -> list[str]:
-    known = ds.sources()
-    unknown = [f for f in names if f not in known]
-    if unknown:
-        raise CollageError(
-            f"unknown family {', '.join(repr(f) for f in unknown)} in {path}; known families: {', '.join(known)}"
-        )
-    return list(dict.fromkeys(names))
-
-
 def _progress_enabled(args) -> bool:
     return not args.no_progress and not args.json and sys.stderr.isatty()
-
-
-def _per_source(ds, pred, families: Sequence[str]) -> dict[str, dict[str, Any]]:
-    """Metrics per source family (predictions made once), plus "all" when there is more than one."""
-    import numpy as np
-
-    from collage_ml.models.evaluate import evaluate_predictions
-
-    pred = np.asarray(pred, dtype=np.float64)
-    out: dict[str, dict[str, Any]] = {}
-    for fam in families:
-        idx = [i for i, s in enumerate(ds) if s.source == fam]
-        sub = [ds[i] for i in idx]
-        out[fam] = evaluate_predictions(sub, pred[idx])
-    return out
 
 
 def _metrics_table(title: str, rows: dict[str, dict[str, Any]]) -> None:
@@ -150,111 +106,49 @@ def _metrics_table(title: str, rows: dict[str, dict[str, Any]]) -> None:
 
 # ----------------------------------------------------------------------------- train
 def _train(args) -> int:
-    from collage_ml.models.base import create_model
-    from collage_ml.models.evaluate import average_metrics, json_safe
+    from collage_ml.models import training
+    from collage_ml.models.evaluate import json_safe
 
-    params = dict(args.param)
-    try:
-        model = create_model(args.model, **params)
-    except (TypeError, ValueError) as e:
-        raise ValueError(f"bad --param for {args.model}: {e}") from None
-    except ImportError as e:
-        raise CollageError(f"the {args.model} cost model needs a package that is not installed: {e}") from None
-    ds = _load_dataset(args.db, args.hardware, _progress_enabled(args))
-    holdout = _check_families(args.holdout_family, ds, args.db)
-    train, test = ds.split_by_source(holdout)
-    if not len(train):
-        raise CollageError(f"nothing left to train on: every sample of {args.db} is in a held-out family")
-    t0 = time.perf_counter()
-    model.fit(train)
-    fit_s = time.perf_counter() - t0
-    try:
-        model.save(args.output)
-    except OSError as e:
-        raise CollageError(f"cannot write the artifact to {args.output}: {e.strerror or e}") from None
-    summary: dict[str, Any] = {
-        "artifact": str(args.output),
-        "kind": args.model,
-        "n": len(train),
-        "sources": train.sources(),
-        "backends": sorted({s.backend for s in train}),
-        "hardware": sorted({s.hardware for s in train}),
-        "skipped": int(getattr(ds, "skipped", 0)),
-        "fit_seconds": round(fit_s, 3),
-        "params": model.params,
-    }
-    held: dict[str, dict[str, Any]] = {}
-    if holdout:
-        pred, _ = model.predict(test.samples)
-        held = _per_source(test.samples, pred, holdout)
-        summary["holdout"] = held
-        if len(held) > 1:
-            summary["holdout_average"] = average_metrics(held)
+    model = training.make_model(args.model, dict(args.param), what="--param")  # usage errors before the database
+    model = training.train(args.db, model, args.output, args.holdout_family, hardware=args.hardware,
+                           progress=_progress_enabled(args))
+    summary = model.training
     if args.json:
         print(json.dumps(json_safe(summary), indent=2, default=str))
         return 0
     print(
-        f"trained {args.model} on {len(train)} samples ({len(summary['sources'])} sources: "
-        f"{', '.join(summary['sources'])}; backends {', '.join(summary['backends'])}) in {fit_s:.1f} s"
+        f"trained {args.model} on {summary['n']} samples ({len(summary['sources'])} sources: "
+        f"{', '.join(summary['sources'])}; backends {', '.join(summary['backends'])}) in {summary['fit_seconds']:.1f} s"
     )
     if summary["skipped"]:
         print(f"skipped {summary['skipped']} rows whose stored subgraph no longer parses")
+    held = summary.get("holdout") or {}
     if held:
         rows = dict(held)
         if len(held) > 1:
             rows["mean over families"] = summary["holdout_average"]
-        _metrics_table(f"held out: {', '.join(holdout)} ({len(test)} samples)", rows)
+        _metrics_table(f"held out: {', '.join(summary['holdout_families'])} ({summary['n_holdout']} samples)", rows)
     print(f"saved {args.output}")
     return 0
 
 
 # ----------------------------------------------------------------------------- eval
 def _eval(args) -> int:
-    import numpy as np
+    from collage_ml.models import training
+    from collage_ml.models.evaluate import json_safe
 
-    from collage_ml.models.base import ArtifactError, load_model
-    from collage_ml.models.evaluate import evaluate_predictions, json_safe
-
-    try:
-        model = load_model(args.artifact)
-    except ImportError as e:
-        raise ArtifactError(f"cannot load the cost model {args.artifact}: a package is missing ({e})") from None
-    ds = _load_dataset(args.db, args.hardware, _progress_enabled(args))
-    families = _check_families(args.holdout_family, ds, args.db) if args.holdout_family else ds.sources()
-    if args.holdout_family:
-        keep = set(families)
-        ds = ds.filter(lambda s: s.source in keep)
-    trained = (model.meta.get("trained_on") or {}) if isinstance(model.meta, dict) else {}
-    overlap = sorted(set(families) & set(trained.get("sources") or []))
-    if overlap:
-        hw_trained = set(trained.get("hardware") or [])
-        hw_eval = {s.hardware for s in ds}
-        where = "on the same hardware" if hw_trained & hw_eval else "on other hardware"
-        print(
-            f"collage-ml: warning: {', '.join(overlap)} {'was' if len(overlap) == 1 else 'were'} among the artifact's "
-            f"training sources ({where}): these numbers are not held out by family",
-            file=sys.stderr,
-        )
-    pred, _ = model.predict(ds.samples)
-    pred = np.asarray(pred, dtype=np.float64)
-    overall = evaluate_predictions(ds, pred)
-    per = _per_source(ds.samples, pred, families) if len(families) > 1 else {}
-    name = str(args.artifact)
-    result = {
-        "artifact": name,
-        "kind": model.kind,
-        "db": str(args.db),
-        "families": families,
-        "overlaps_training": overlap,
-        **overall,
-        "per_family": per,
-    }
+    result = training.evaluate(
+        args.db, args.artifact, args.holdout_family, hardware=args.hardware, progress=_progress_enabled(args),
+        on_warning=lambda text: print(f"collage-ml: warning: {text}", file=sys.stderr),
+    )
     if args.json:
         print(json.dumps(json_safe(result), indent=2, default=str))
         return 0
+    per = result["per_family"]
+    overall = {k: v for k, v in result.items() if k not in ("artifact", "kind", "db", "families", "per_family")}
     rows = dict(per)
-    rows["all" if per else families[0]] = overall
-    _metrics_table(f"{model.kind} cost model {name} on {args.db}", rows)
+    rows["all" if per else result["families"][0]] = overall
+    _metrics_table(f"{result['kind']} cost model {result['artifact']} on {result['db']}", rows)
     print(f"{overall['n']} samples, {overall['n_groups']} decision groups ({overall['ungrouped']} samples in none), "
           f"{overall['n_backend_groups']} backend groups")
     return 0

@@ -21,6 +21,7 @@ from collage_ml.backends.base import Backend, resolve_backends
 from collage_ml.candidates import Candidate, enumerate_candidates
 from collage_ml.cost import CandidateKey
 from collage_ml.db import default_db_path
+from collage_ml.defaults import MAX_REGION_SIZE
 from collage_ml.errors import CollageError
 from collage_ml.ir.graph import Graph
 from collage_ml.measure.boundary import BoundaryTable, measure_boundaries
@@ -87,7 +88,7 @@ def place(
     mode: str = "exhaustive",
     db=None,
     *,
-    max_region_size: int = 4,
+    max_region_size: int = MAX_REGION_SIZE,
     threads: int | None = None,
     timing: TimingConfig = TimingConfig(),
     tolerance: Tolerance = Tolerance(),

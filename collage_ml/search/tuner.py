@@ -305,7 +305,7 @@ def _measure_plans_e2e(runner, graph, plans: Mapping[str, Plan], ref, say,
                 say(f"measuring plan {label} end to end ({len(plans[label].partitions)} partitions)")
             elif not best[canon].get("valid") or best[canon]["median"] > cutoff:
                 continue
-            r = measure_plan(runner, graph, plans[label], ref)
+            r = measure_plan(runner, graph, plans[label], ref, process=rnd)  # each round in its own process
             count += 1
             if canon not in best or (r.get("valid") and r["median"] < best[canon].get("median", float("inf"))):
                 best[canon] = r

@@ -258,21 +258,50 @@ def backends_info() -> list[dict]:
     return [b.info() for b in all_backends()]
 
 
-def open_db(path: str | Path, create: bool = False):
+def open_db(path: str | Path, create: bool = False, readonly: bool = False):
     """Opens a measurement database (``DatabaseError`` for a missing, corrupt or foreign file)."""
     from collage_ml.db import Database
 
-    return Database(path, create=create)
+    return Database(path, create=create and not readonly, readonly=readonly)
 
 
 def db_stats(path: str | Path) -> dict:
-    with open_db(path) as db:
+    """Counts of the database's rows (read-only: an old-schema file is read as it is, not migrated)."""
+    with open_db(path, readonly=True) as db:
         return db.stats()
 
 
 def db_export_parquet(path: str | Path, out: str | Path) -> int:
-    with open_db(path) as db:
+    with open_db(path, readonly=True) as db:
         return db.export_parquet(out)
+
+
+def calibrate(
+    backends: Any = BACKENDS, *, db: Any = DB, threads: int | None = THREADS, progress: bool = PROGRESS,
+    say: Callable[[str], None] | None = None,
+) -> dict[str, dict[str, float | None]]:
+    """Measures the probe set (``measure.probes``) on this machine for ``backends`` (default: the CPU set),
+    unless ``db`` has it already; returns {backend: {probe: seconds, or None where it cannot run}}.
+
+    Users who prepare a machine run it once; the results are stored in ``db`` (default: the per-user
+    database) under this machine's fingerprint and the current measurement protocol.
+    """
+    from collage_ml.backends import resolve_backends
+    from collage_ml.db import Database, default_db_path
+    from collage_ml.measure.probes import ensure_probes
+    from collage_ml.measure.runner import Runner
+
+    bs = resolve_backends(backends)
+    for b in bs:
+        b.require()
+    own = db is None or isinstance(db, (str, Path))
+    database = Database(default_db_path() if db is None else db) if own else db
+    try:
+        with Runner(db=database, threads=threads) as r:
+            return ensure_probes(r, bs, progress=progress, say=say)
+    finally:
+        if own:
+            database.close()
 
 
 def db_merge(into: str | Path, other: str | Path) -> int:
@@ -282,6 +311,6 @@ def db_merge(into: str | Path, other: str | Path) -> int:
 
 
 __all__ = [
-    "place", "load", "collect", "train", "evaluate", "show", "import_model", "inspect_model", "export_zoo", "backends_info", "open_db", "db_stats", "db_export_parquet",
+    "place", "load", "collect", "train", "evaluate", "show", "calibrate", "import_model", "inspect_model", "export_zoo", "backends_info", "open_db", "db_stats", "db_export_parquet",
     "db_merge",
 ]

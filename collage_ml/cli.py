@@ -88,6 +88,12 @@ def build_parser() -> argparse.ArgumentParser:
     sh.add_argument("--db", default=None, metavar="PATH",
                     help="read partition latencies and hand-off costs from this database (default: per-user)")
 
+    ca = sub.add_parser("calibrate", help="measure the probe set on this machine (once per machine and backend)")
+    ca.add_argument("--backends", default=None, help="comma-separated backend names (default: the CPU set)")
+    ca.add_argument("--db", default=None, help="measurement database (default: the per-user one)")
+    ca.add_argument("--threads", type=_positive_int, default=None, help="intra-op threads for every backend")
+    ca.add_argument("--json", action="store_true", help="print JSON")
+
     b = sub.add_parser("backends", help="list the backends with availability, version and device")
     b.add_argument("--json", action="store_true", help="print JSON")
 
@@ -141,6 +147,21 @@ def _cmd_backends(args) -> int:
     print("configurations (use as backend names, e.g. --backends 'onnxruntime,onnxruntime[spin=on]'):")
     for grid in configs.grids().values():
         print(f"  {grid}")
+    return 0
+
+
+def _cmd_calibrate(args) -> int:
+    from collage_ml import api
+
+    res = api.calibrate(args.backends, db=args.db, threads=args.threads, progress=not args.json,
+                        say=None if args.json else print)
+    if args.json:
+        print(json.dumps(res, indent=2))
+        return 0
+    names = sorted(res)
+    probes = list(next(iter(res.values()), {}))
+    _table("probe latencies (us)", ["probe", *names],
+           [(p, *("-" if res[b].get(p) is None else f"{res[b][p] * 1e6:.1f}" for b in names)) for p in probes])
     return 0
 
 
@@ -311,7 +332,7 @@ def _cmd_models(args) -> int:
     return run(args)
 
 
-COMMANDS = {"collect": _cmd_collect, "train": _cmd_models, "eval": _cmd_models, "place": _cmd_place, "show": _cmd_show, "zoo": _cmd_zoo, "inspect": _cmd_inspect, "backends": _cmd_backends, "db": _cmd_db}
+COMMANDS = {"collect": _cmd_collect, "train": _cmd_models, "eval": _cmd_models, "place": _cmd_place, "show": _cmd_show, "zoo": _cmd_zoo, "inspect": _cmd_inspect, "backends": _cmd_backends, "calibrate": _cmd_calibrate, "db": _cmd_db}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -33,7 +33,11 @@ application id is :data:`APPLICATION_ID`):
   measurement protocol (``measure.timing``), so rows timed another way keep
   their own key.
 
-Schema 1 had neither ``status``, ``attempts`` nor ``protocol``: opening such a
+- ``probes(hardware, backend, backend_version, protocol, probe_set, probe, median, subgraph_hash, timestamp)``:
+  the probe set's latencies per machine and backend (``measure.probes``), a record of its own kind; ``median``
+  is NULL where the backend cannot run that probe.
+
+Schema 1 had neither ``status``, ``attempts``, ``protocol`` nor ``probes``: opening such a
 file for writing migrates it in one transaction (every row kept, with protocol
 ``m1``, and timeouts and crashes classified as ``failed``); opening it
 read-only reads it as if migrated, without writing.
@@ -144,8 +148,21 @@ CREATE TABLE IF NOT EXISTS measurements (
     UNIQUE (subgraph_hash, backend, backend_version, hardware, protocol)
 );
 CREATE INDEX IF NOT EXISTS measurements_by_hardware ON measurements (hardware, backend);
+CREATE TABLE IF NOT EXISTS probes (
+    hardware TEXT NOT NULL,
+    backend TEXT NOT NULL,
+    backend_version TEXT NOT NULL,
+    protocol TEXT NOT NULL,
+    probe_set INT NOT NULL,
+    probe TEXT NOT NULL,
+    median REAL,
+    subgraph_hash TEXT NOT NULL,
+    timestamp REAL NOT NULL,
+    PRIMARY KEY (hardware, backend, backend_version, protocol, probe_set, probe)
+);
 """
 _MEASUREMENTS_TABLE = _SCHEMA[_SCHEMA.index("CREATE TABLE IF NOT EXISTS measurements"):_SCHEMA.index("CREATE INDEX")]
+_PROBES_TABLE = _SCHEMA[_SCHEMA.index("CREATE TABLE IF NOT EXISTS probes"):]
 
 T = TypeVar("T")
 
@@ -405,6 +422,8 @@ class Database:
         if not new:
             if self.schema_version < SCHEMA_VERSION:
                 self._migrate(c)
+            elif not c.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'probes'").fetchone():
+                c.execute(_PROBES_TABLE)  # a schema-2 file from before the probes table
             return
         c.execute("BEGIN IMMEDIATE")
         try:
@@ -443,6 +462,7 @@ class Database:
                 c.execute("DROP TABLE measurements")
                 c.execute("ALTER TABLE measurements_v2 RENAME TO measurements")
                 c.execute("CREATE INDEX IF NOT EXISTS measurements_by_hardware ON measurements (hardware, backend)")
+                c.execute(_PROBES_TABLE)
                 c.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'", (str(SCHEMA_VERSION),))
                 c.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
             c.execute("COMMIT")
@@ -719,6 +739,40 @@ class Database:
         )
         return None if row is None else json.loads(row[0])
 
+    # -- probes
+
+    def commit_probe(
+        self, hardware: str, backend: str, backend_version: str, protocol: str, probe_set: int, probe: str,
+        median: float | None, subgraph_hash: str,
+    ) -> bool:
+        """Record one probe result (None: the backend cannot run it); the first one of its key stays. True if new."""
+        row = (hardware, backend, backend_version, protocol, int(probe_set), probe, _opt_float(median), subgraph_hash,
+               time.time())
+        return self._write(
+            lambda c: c.execute("INSERT OR IGNORE INTO probes VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", row).rowcount == 1,
+            "commit_probe",
+        )
+
+    def probes(
+        self, hardware: str, backend: str, backend_version: str, protocol: str, probe_set: int,
+    ) -> dict[str, float | None]:
+        """{probe: seconds or None} recorded for that machine, backend, protocol and probe-set version."""
+
+        def q(c: sqlite3.Connection) -> dict[str, float | None]:
+            try:
+                rows = c.execute(
+                    "SELECT probe, median FROM probes WHERE hardware = ? AND backend = ? AND backend_version = ? "
+                    "AND protocol = ? AND probe_set = ?",
+                    (hardware, backend, backend_version, protocol, int(probe_set)),
+                ).fetchall()
+            except sqlite3.OperationalError as e:  # a schema-1 file read-only: it has no probes
+                if "no such table" in str(e):
+                    return {}
+                raise
+            return dict(rows)
+
+        return self._read(q, "probes")
+
     def stats(self, hardware: str | None = None) -> dict[str, Any]:
         """Counts: ``total``, ``valid``, ``invalid``, ``failed``, ``subgraphs`` (distinct hashes measured),
         ``onnx_stored`` (subgraphs with ONNX bytes, whole file), and per-``backends``,
@@ -772,6 +826,7 @@ class Database:
         if other.exists() and self.path.exists() and os.path.samefile(other, self.path):
             return 0
         probe = Database(other, create=False, readonly=True)  # validates it, read-only
+        other_has_probes = probe.schema_version >= 2
         other_cols = ", ".join(
             f"{_V1_EXPR[c]} AS {c}" if probe.schema_version < 2 and c in _V1_EXPR else c for c in _MEASUREMENT_COLUMNS
         )
@@ -790,6 +845,8 @@ class Database:
                     added = c.execute(
                         f"INSERT OR IGNORE INTO main.measurements ({_COLS}) SELECT {other_cols} FROM other.measurements ORDER BY id"
                     ).rowcount
+                    if other_has_probes:
+                        c.execute("INSERT OR IGNORE INTO main.probes SELECT * FROM other.probes")
                     # a failed row here gives way to the other file's settled one
                     failed = c.execute(
                         "SELECT subgraph_hash, backend, backend_version, hardware, protocol FROM main.measurements "

@@ -1,0 +1,258 @@
+"""The probe set: fixed reference subgraphs whose latencies describe a machine and a backend.
+
+Every machine collage-ml runs on is one its shipped cost model has never seen.
+The probe set is what the model can learn the machine from (the HELP approach:
+a hardware embedding made of the latencies of a few fixed reference kernels).
+It covers the kernel kinds the zoo is made of — 3x3, 1x1, depthwise and
+transposed convolutions, MatMuls of three shapes, an elementwise chain, a
+global pool, a reduction, LayerNorm, max-pooling and an attention block — each
+at batch 1 and 16 (:data:`PROBE_SET_VERSION`: 24 probes). The models are built
+in code from a fixed seed, so the set is the same on every machine.
+
+:func:`ensure_probes` measures the probes once per (hardware fingerprint,
+backend, backend version, protocol) under the current measurement protocol,
+through the ordinary :class:`~collage_ml.measure.runner.Runner` (so every probe
+is also an ordinary, checked measurement), and records the results in the
+database's ``probes`` table, from which later runs reuse them.
+``collage-ml calibrate`` runs it on its own.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import numpy as np
+
+#: bump when a probe changes: results of another probe-set version are never mixed in
+PROBE_SET_VERSION = 1
+PROBE_FAMILY = "probe"
+BATCHES = (1, 16)
+
+
+@dataclass(frozen=True)
+class ProbeSpec:
+    name: str
+    build: Callable[[int, np.random.Generator], "object"]  # (batch, rng) -> onnx.ModelProto
+
+
+def _model(nodes, inputs, outputs, inits=(), opset: int = 17):
+    from onnx import helper
+
+    g = helper.make_graph(nodes, "probe", inputs, outputs, list(inits))
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
+    m.ir_version = 8
+    return m
+
+
+def _f(name, shape):
+    from onnx import TensorProto, helper
+
+    return helper.make_tensor_value_info(name, TensorProto.FLOAT, list(shape))
+
+
+def _w(rng, name, shape, scale=0.05):
+    from onnx import numpy_helper
+
+    return numpy_helper.from_array((rng.standard_normal(shape) * scale).astype(np.float32), name)
+
+
+def _conv(cin, cout, hw, k, group=1, stride=1):
+    def build(b, rng):
+        from onnx import helper
+
+        pad = k // 2
+        out_hw = (hw + 2 * pad - k) // stride + 1
+        n = helper.make_node("Conv", ["x", "W", "B"], ["y"], kernel_shape=[k, k], pads=[pad] * 4,
+                             strides=[stride, stride], group=group)
+        return _model([n], [_f("x", (b, cin, hw, hw))], [_f("y", (b, cout, out_hw, out_hw))],
+                      [_w(rng, "W", (cout, cin // group, k, k)), _w(rng, "B", (cout,))])
+
+    return build
+
+
+def _conv_transpose(cin, cout, hw):
+    def build(b, rng):
+        from onnx import helper
+
+        n = helper.make_node("ConvTranspose", ["x", "W"], ["y"], kernel_shape=[4, 4], strides=[2, 2], pads=[1, 1, 1, 1])
+        return _model([n], [_f("x", (b, cin, hw, hw))], [_f("y", (b, cout, 2 * hw, 2 * hw))],
+                      [_w(rng, "W", (cin, cout, 4, 4))])
+
+    return build
+
+
+def _matmul(m, k, n):
+    def build(b, rng):
+        from onnx import helper
+
+        nodes = [helper.make_node("MatMul", ["x", "W"], ["h"]), helper.make_node("Add", ["h", "B"], ["y"])]
+        return _model(nodes, [_f("x", (b, m, k))], [_f("y", (b, m, n))], [_w(rng, "W", (k, n)), _w(rng, "B", (n,))])
+
+    return build
+
+
+def _elementwise(b, rng):
+    from onnx import helper
+
+    shape = (b, 64, 56, 56)
+    nodes = [
+        helper.make_node("Mul", ["x", "S"], ["a"]),
+        helper.make_node("Add", ["a", "B"], ["c"]),
+        helper.make_node("Relu", ["c"], ["d"]),
+        helper.make_node("Sigmoid", ["d"], ["y"]),
+    ]
+    return _model(nodes, [_f("x", shape)], [_f("y", shape)], [_w(rng, "S", (64, 1, 1), 1.0), _w(rng, "B", (64, 1, 1))])
+
+
+def _global_pool(b, rng):
+    from onnx import helper
+
+    n = helper.make_node("GlobalAveragePool", ["x"], ["y"])
+    return _model([n], [_f("x", (b, 512, 14, 14))], [_f("y", (b, 512, 1, 1))])
+
+
+def _reduce(b, rng):
+    from onnx import helper, numpy_helper
+
+    axes = numpy_helper.from_array(np.array([-1], np.int64), "axes")
+    n = helper.make_node("ReduceMean", ["x", "axes"], ["y"], keepdims=1)
+    return _model([n], [_f("x", (b, 256, 512))], [_f("y", (b, 256, 1))], [axes], opset=18)
+
+
+def _layernorm(b, rng):
+    from onnx import helper
+
+    n = helper.make_node("LayerNormalization", ["x", "G", "B"], ["y"], axis=-1, epsilon=1e-5)
+    return _model([n], [_f("x", (b, 128, 256))], [_f("y", (b, 128, 256))],
+                  [_w(rng, "G", (256,), 1.0), _w(rng, "B", (256,))])
+
+
+def _maxpool(b, rng):
+    from onnx import helper
+
+    n = helper.make_node("MaxPool", ["x"], ["y"], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])
+    return _model([n], [_f("x", (b, 64, 56, 56))], [_f("y", (b, 64, 28, 28))])
+
+
+def _attention(b, rng):
+    from onnx import helper
+
+    heads, seq, d = 4, 64, 32
+    nodes = [
+        helper.make_node("MatMul", ["q", "kt"], ["s"]),
+        helper.make_node("Mul", ["s", "scale"], ["ss"]),
+        helper.make_node("Softmax", ["ss"], ["p"], axis=-1),
+        helper.make_node("MatMul", ["p", "v"], ["y"]),
+    ]
+    from onnx import numpy_helper
+
+    scale = numpy_helper.from_array(np.array(1.0 / np.sqrt(d), np.float32), "scale")
+    return _model(
+        nodes,
+        [_f("q", (b, heads, seq, d)), _f("kt", (b, heads, d, seq)), _f("v", (b, heads, seq, d))],
+        [_f("y", (b, heads, seq, d))],
+        [scale],
+    )
+
+
+PROBES: tuple[ProbeSpec, ...] = (
+    ProbeSpec("conv3x3-64x28", _conv(64, 64, 28, 3)),
+    ProbeSpec("conv1x1-256to64x28", _conv(256, 64, 28, 1)),
+    ProbeSpec("dwconv3x3-128x28", _conv(128, 128, 28, 3, group=128)),
+    ProbeSpec("convT4x4s2-64to32x16", _conv_transpose(64, 32, 16)),
+    ProbeSpec("matmul-64x256x256", _matmul(64, 256, 256)),
+    ProbeSpec("matmul-1x512x2048", _matmul(1, 512, 2048)),
+    ProbeSpec("matmul-128x64x64", _matmul(128, 64, 64)),
+    ProbeSpec("elementwise-64x56", _elementwise),
+    ProbeSpec("globalpool-512x14", _global_pool),
+    ProbeSpec("reducemean-256x512", _reduce),
+    ProbeSpec("layernorm-128x256", _layernorm),
+    ProbeSpec("maxpool3x3s2-64x56", _maxpool),
+    ProbeSpec("attention-4x64x32", _attention),
+)
+
+
+def probe_names() -> list[str]:
+    """Every probe's name, ``<kernel>@b<batch>``, in the set's order."""
+    return [f"{p.name}@b{b}" for p in PROBES for b in BATCHES]
+
+
+def probe_graphs() -> list[tuple[str, "object"]]:
+    """(name, Graph) for every probe; deterministic (each probe's weights come from its own seed)."""
+    from collage_ml.ir.importers import from_onnx
+
+    out = []
+    for i, p in enumerate(PROBES):
+        for b in BATCHES:
+            rng = np.random.default_rng(1000 + 17 * i + b)
+            out.append((f"{p.name}@b{b}", from_onnx(p.build(b, rng), name=f"probe-{p.name}-b{b}")))
+    return out
+
+
+def ensure_probes(
+    runner, backends: Sequence, progress: bool = False, say: Callable[[str], None] | None = None,
+) -> dict[str, dict[str, float | None]]:
+    """{backend name: {probe name: seconds, or None where the backend cannot run it}} on the runner's machine.
+
+    Reads the runner's database first; measures only what is missing (all of it on a machine and backend
+    the database has not seen), under the runner's protocol, and records it. Without a database it
+    measures every time.
+    """
+    from collage_ml.candidates import Candidate
+
+    db = runner.db
+    names = probe_names()
+    out: dict[str, dict[str, float | None]] = {}
+    todo = []
+    for b in backends:
+        have = {} if db is None else db.probes(runner.hardware, b.name, b.version, runner.timing.name, PROBE_SET_VERSION)
+        out[b.name] = dict(have)
+        if any(n not in have for n in names):
+            todo.append(b)
+    if not todo:
+        return out
+    if say:
+        say(f"measuring the probe set on {', '.join(b.name for b in todo)} (once per machine and backend)")
+    graphs = probe_graphs()
+    bar = _Bar(progress, len(graphs) * len(todo))
+    try:
+        for name, g in graphs:
+            ref = g.reference(seed=0)
+            for b in todo:
+                if name in out[b.name]:
+                    bar.advance()
+                    continue
+                sg = g.whole()
+                if not all(b.supports(g, n) for n in g.nodes):
+                    value = None
+                else:
+                    (m,) = runner.measure([Candidate(sg, b, f"probe:{name}")], ref, family=PROBE_FAMILY)
+                    value = m.median if m.valid else None
+                out[b.name][name] = value
+                if db is not None:
+                    db.commit_probe(runner.hardware, b.name, b.version, runner.timing.name, PROBE_SET_VERSION,
+                                    name, value, sg.hash)
+                bar.advance()
+    finally:
+        bar.close()
+    return out
+
+
+class _Bar:
+    def __init__(self, enabled: bool, total: int):
+        self.p = None
+        if enabled:
+            from rich.progress import Progress
+
+            self.p = Progress(transient=True)
+            self.p.start()
+            self.task = self.p.add_task("probes", total=total)
+
+    def advance(self) -> None:
+        if self.p is not None:
+            self.p.advance(self.task)
+
+    def close(self) -> None:
+        if self.p is not None:
+            self.p.stop()

@@ -1,0 +1,61 @@
+"""The probe set: deterministic, measured once per (machine, backend, protocol), stored, reused."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from collage_ml.backends.onnxruntime_backend import OnnxRuntimeBackend
+from collage_ml.db import Database
+from collage_ml.measure import probes
+from collage_ml.measure.runner import Runner
+from collage_ml.measure.timing import LEGACY
+
+
+def test_probe_set_is_deterministic_and_covers_the_kernel_kinds():
+    a = [(n, g.whole().hash) for n, g in probes.probe_graphs()]
+    b = [(n, g.whole().hash) for n, g in probes.probe_graphs()]
+    assert a == b and [n for n, _ in a] == probes.probe_names()
+    assert 20 <= len(a) <= 50 and len({h for _, h in a}) == len(a)
+    ops = {n.op_type for _, g in probes.probe_graphs() for n in g.nodes}
+    assert {"Conv", "ConvTranspose", "MatMul", "LayerNormalization", "Softmax", "ReduceMean", "MaxPool"} <= ops
+    groups = {n.attributes.get("group", 1) for _, g in probes.probe_graphs() for n in g.nodes if n.op_type == "Conv"}
+    assert any(gr > 1 for gr in groups)  # a depthwise convolution
+
+
+@pytest.fixture
+def two_probes(monkeypatch):
+    chosen = probes.PROBES[10:12]  # layernorm and maxpool: fast
+    monkeypatch.setattr(probes, "PROBES", chosen)
+    return [f"{p.name}@b{b}" for p in chosen for b in probes.BATCHES]
+
+
+def test_probes_are_measured_once_per_machine_and_backend(tmp_path, two_probes):
+    ort = OnnxRuntimeBackend()
+    with Database(tmp_path / "m.db") as db:
+        with Runner(db=db, threads=1, timing=LEGACY) as r:
+            said = []
+            first = probes.ensure_probes(r, [ort], say=said.append)
+            assert r.measured == len(two_probes) and said  # a machine the database has not seen: measured
+        assert set(first["onnxruntime"]) == set(two_probes)
+        assert all(v is not None and v > 0 for v in first["onnxruntime"].values())
+        with Runner(db=db, threads=1, timing=LEGACY) as r:
+            said = []
+            again = probes.ensure_probes(r, [ort], say=said.append)
+            assert again == first and r.measured == 0 and not said  # reused, not measured
+        with Runner(db=db, threads=2, timing=LEGACY) as r:  # another fingerprint (thread count): measured once
+            other = probes.ensure_probes(r, [ort])
+            assert r.measured == len(two_probes) and set(other["onnxruntime"]) == set(two_probes)
+        stored = db.probes(r.hardware, ort.name, ort.version, LEGACY.name, probes.PROBE_SET_VERSION)
+        assert stored == other["onnxruntime"]
+        assert db.probes(r.hardware, ort.name, ort.version, "m9", probes.PROBE_SET_VERSION) == {}
+
+
+def test_calibrate_command_prints_json(tmp_path, two_probes, capsys, monkeypatch):
+    from collage_ml import cli
+
+    monkeypatch.setenv("COLLAGE_ML_THREADS", "1")
+    assert cli.main(["calibrate", "--backends", "onnxruntime", "--db", str(tmp_path / "m.db"), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert set(out) == {"onnxruntime"} and set(out["onnxruntime"]) == set(two_probes)

@@ -950,7 +950,9 @@ def _ray_init(ray, address: str) -> None:
 
     root = str(Path(collage_ml.__file__).resolve().parents[1])
     pythonpath = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p)
-    ray.init(include_dashboard=False, log_to_driver=False, runtime_env={"env_vars": {"PYTHONPATH": pythonpath}})
+    # address="local": a new instance, even when RAY_ADDRESS or a `ray start` on this machine names another
+    ray.init(address="local", include_dashboard=False, log_to_driver=False,
+             runtime_env={"env_vars": {"PYTHONPATH": pythonpath}})
 
 
 def ray_run_key(db_path: Any) -> str:
@@ -1094,17 +1096,16 @@ def _collect_ray(
     dry_run = bool(kwargs.get("dry_run"))
     own_db = not isinstance(db, Database)
     path = Path(os.fspath(db)) if own_db and db is not None else default_db_path() if own_db else db.path
-    if not own_db:
-        database = db
-    elif dry_run:
-        database = Database(path, create=False, readonly=True) if path.exists() else None
-    else:
-        database = Database(path)
+    database = db if not own_db else Database(path, create=False, readonly=True) if path.exists() else None
     started = False
     try:
         if not ray.is_initialized():
             _ray_init(ray, ray_address)
             started = True
+        if own_db and not dry_run:  # created only once Ray is there (an existing one was checked above)
+            if database is not None:
+                database.close()
+            database = Database(path)
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy as OnNode
 
         nodes = [nd for nd in ray.nodes() if nd.get("Alive") and nd.get("Resources", {}).get("CPU", 0) >= 1]

@@ -99,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     total = plan(**kw).keys()
     rng = random.Random(args.seed)
     pythonpath = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
              runtime_env={"env_vars": {"PYTHONPATH": pythonpath}})
     print(f"collect --ray (2 shards, local Ray at {ray.nodes()[0]['NodeManagerAddress']}) {args.model} on "
           f"{args.backends} (max region {args.max_region_size}): {len(total)} candidates; retries "

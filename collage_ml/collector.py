@@ -974,18 +974,19 @@ def ray_shard_dir(run_key: str) -> Path:
     return default_db_path().parent / "ray-shards" / run_key
 
 
-def _shard_snapshot(path: Path, attempts: int = 5) -> tuple[bytes, int]:
+def _shard_snapshot(path: Path, attempts: int = 5, timeout: float = 30.0) -> tuple[bytes, int]:
     """The bytes of a shard database holding everything committed, and its number of measurements.
 
     The WAL is checkpointed into the main file, and the checkpoint is checked: nothing held it back
     (``busy == 0``), every WAL frame was copied back, and the ``-wal`` file is empty while a write
-    lock keeps writers out until the bytes are read. CollageError when that cannot be had.
+    lock keeps writers out until the bytes are read. CollageError when that cannot be had within
+    ``attempts`` tries (each waits up to ``timeout`` seconds for other connections).
     """
     import sqlite3
 
     wal = path.with_name(path.name + "-wal")
     why = "no attempt"
-    conn = sqlite3.connect(path, timeout=30, isolation_level=None)
+    conn = sqlite3.connect(path, timeout=timeout, isolation_level=None)
     try:
         for attempt in range(attempts):
             if attempt:

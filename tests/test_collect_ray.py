@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from collage_ml.collector import RAY_LOCAL_ENV, RAY_MISSING, _ray_node_task, collect, plan, ray_run_key, ray_shard_dir
+from collage_ml.collector import RAY_LOCAL_ENV, RAY_MISSING, _ray_node_task, _shard_snapshot, collect, plan, ray_run_key, ray_shard_dir
 from collage_ml.db import Database
 from collage_ml.errors import CollageError
 from collage_ml.measure.timing import TimingConfig
@@ -99,6 +99,33 @@ def test_ray_missing_says_how_to_install_it(monkeypatch, tmp_path):
     with pytest.raises(CollageError, match=r"pip install 'collage-ml\[ray\]'") as e:
         collect(**KW, db=tmp_path / "x.db", ray_address="local")
     assert str(e.value) == RAY_MISSING and not (tmp_path / "x.db").exists()
+
+
+def test_shard_snapshot_checks_the_wal_checkpoint(tmp_path):
+    path = tmp_path / "shard.db"
+    collect(**KW, db=path, max_candidates=4)
+    w = sqlite3.connect(path, isolation_level=None)  # a WAL with frames the main file lacks
+    w.execute("PRAGMA wal_autocheckpoint = 0")
+    w.execute("INSERT INTO meta (key, value) VALUES ('note', 'in the WAL only')")
+    assert (tmp_path / "shard.db-wal").stat().st_size > 0
+    reader = sqlite3.connect(path, isolation_level=None)  # a read transaction holds the checkpoint back
+    reader.execute("BEGIN")
+    reader.execute("SELECT COUNT(*) FROM meta").fetchone()
+    w.execute("INSERT INTO meta (key, value) VALUES ('note2', 'after the reader')")
+    with pytest.raises(CollageError, match="no consistent copy.*held back"):
+        _shard_snapshot(path, attempts=2, timeout=0.1)
+    reader.execute("ROLLBACK")
+    reader.close()
+    data, rows = _shard_snapshot(path)
+    assert rows == 4 and (tmp_path / "shard.db-wal").stat().st_size == 0  # truncated, while w still has it open
+    w.close()
+    copy = tmp_path / "copy.db"
+    copy.write_bytes(data)  # the main file alone holds every commit
+    with Database(copy, create=False, readonly=True) as db:
+        assert db.count() == 4
+    conn = sqlite3.connect(copy)
+    assert conn.execute("SELECT value FROM meta WHERE key = 'note2'").fetchone() == ("after the reader",)
+    conn.close()
 
 
 def test_ray_shards_merge_to_the_unsharded_db_and_a_rerun_adds_nothing(ray_local, tmp_path):

@@ -1103,10 +1103,6 @@ def _collect_ray(
         if not ray.is_initialized():
             _ray_init(ray, ray_address)
             started = True
-        if own_db and not dry_run:  # created only once Ray is there (an existing one was checked above)
-            if database is not None:
-                database.close()
-            database = Database(path)
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy as OnNode
 
         nodes = [nd for nd in ray.nodes() if nd.get("Alive") and nd.get("Resources", {}).get("CPU", 0) >= 1]
@@ -1126,6 +1122,10 @@ def _collect_ray(
             )
         if stale := sorted({f"{x['version']} ({x['collage_ml']})" for x in infos if x["version"] != __version__}):
             raise CollageError(f"the Ray nodes run collage-ml {', '.join(stale)}; this driver runs {__version__}")
+        if own_db and not dry_run:  # created only once the cluster passed (an existing one was checked above)
+            if database is not None:
+                database.close()
+            database = Database(path)
         n = ray_shards or len(nodes)
         run_key = ray_run_key(path)
         # the driver's DB is the resume point: the shards skip what it holds for this hardware

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Idempotent set-up of .venv/ for collage-ml.
-#   scripts/setup.sh          core + openvino + mnn + parquet + plots + test extras, and Graphviz's dot
+#   scripts/setup.sh          core + openvino + mnn + ray + parquet + plots + test extras, and Graphviz's dot
 # On a machine without an NVIDIA GPU it installs the CPU build of torch first
 # (torch==2.13.0, a local wheel here) and xgboost-cpu; with a GPU it installs
 # plain xgboost and lets torch resolve to its CUDA build.
@@ -25,7 +25,7 @@ else
   # The CPU build first: any later requirement on torch is then already met.
   $PIP install -q "torch==2.13.0"
 fi
-$PIP install -q -e ".[$FLAVOUR,openvino,mnn,parquet,plots,test]"
+$PIP install -q -e ".[$FLAVOUR,openvino,mnn,ray,parquet,plots,test]"
 # Graphviz's dot lays out the plan pictures of `place --report` and `collage-ml show`; best effort
 # (needs root and apt-get): without it, everything else works and drawing says how to install it.
 if ! command -v dot >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1; then

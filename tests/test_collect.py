@@ -400,15 +400,4 @@ def test_focus_hook_weights_by_uncertainty_and_selects():
     assert {w.family for w in p.works} == {"random"}
 
 
-# ----------------------------------------------------------------------------- Ray
-
-
-def test_ray_shards_merge_into_one_db(tmp_path):
-    pytest.importorskip("ray")
-    path = tmp_path / "ray.db"
-    s = collect(**KW, db=path, ray_address="local", ray_shards=2)
-    # node-local shard DBs outlive a run, so an earlier session's shards may be cache hits here
-    assert s.measured + s.cache_hits == plan(**PLAN_KW).planned and s.stopped == "complete"
-    assert db_keys(path) == plan(**PLAN_KW).keys()
-    again = collect(**KW, db=path, ray_address="local", ray_shards=2)
-    assert again.measured == 0 and again.cache_hits == s.measured
+# collect --ray (a real local Ray instance): tests/test_collect_ray.py

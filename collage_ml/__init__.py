@@ -6,7 +6,7 @@ so ``import collage_ml.db`` (e.g. in a measurement worker) stays cheap.
 
 __version__ = "0.1.0"
 
-_API = ("place", "load", "collect", "train", "evaluate", "show", "export_zoo", "import_model", "inspect_model")
+_API = ("place", "load", "collect", "train", "evaluate", "show", "calibrate", "export_zoo", "import_model", "inspect_model")
 
 
 def __getattr__(name):

@@ -124,6 +124,7 @@ def collect(
     dry_run: bool = False,
     ray_address: str | None = None,
     ray_shards: int | None = None,
+    ray_retries: int | None = None,
     progress: bool = PROGRESS,
     on_measurement: Callable[[Any], None] | None = None,
 ):
@@ -145,7 +146,7 @@ def collect(
         shard=shard, seed=seed, threads=threads, max_region_size=max_region_size, batch_sizes=batch_sizes,
         progress=progress, ray_address=ray_address, cost_model=cost_model, inductor_fraction=inductor_fraction,
         samples_per_graph=samples_per_graph, timing=timing, timeout=timeout, max_reference_bytes=max_reference_bytes,
-        dry_run=dry_run, on_measurement=on_measurement, ray_shards=ray_shards,
+        dry_run=dry_run, on_measurement=on_measurement, ray_shards=ray_shards, ray_retries=ray_retries,
     )
 
 

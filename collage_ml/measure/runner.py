@@ -415,12 +415,22 @@ class Runner:
             family=family,
             error_text=r.get("error_text", ""),
             onnx_bytes=sg.skeleton_onnx(),
-            extra={"pattern": c.pattern, "nodes": len(sg), **r.get("extra", {})},
+            extra={"pattern": c.pattern, "nodes": len(sg), **self._decision(sg), **r.get("extra", {})},
             failed=bool(r.get("failed")),
             protocol=self.timing.name,
         )
         self.record(m)
         return m
+
+    def _decision(self, sg) -> dict:
+        """What an evaluation needs to rebuild the search's decision groups from this row alone: the source
+        graph's structural hash and the candidate's first node (in topological order)."""
+        g = sg.graph
+        cache = self.__dict__.setdefault("_source_hashes", {})
+        if id(g) not in cache:
+            cache.clear()  # one graph at a time: the cache must not keep old graphs alive
+            cache[id(g)] = (g, g.whole().hash)
+        return {"source": cache[id(g)][1], "first_node": (sg.mask & -sg.mask).bit_length() - 1}
 
     def record(self, m: Measurement) -> bool:
         """Commits ``m`` (when there is a database) and counts it if it was stored. True if stored."""

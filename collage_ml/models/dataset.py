@@ -40,6 +40,8 @@ class Sample:
     key: CandidateKey | None = None
     hardware: str = ""  # fingerprint
     pattern: str = ""
+    #: (source graph hash, first node) when the row recorded them: its decision group in the op-level DP
+    decision: tuple[str, int] | None = None
 
     @property
     def log_latency(self) -> float:
@@ -174,8 +176,10 @@ class Dataset:
                 hk = (m.hardware, m.threads)
                 if hk not in hw_cache:
                     hw_cache[hk] = HardwareDesc.from_info(d.hardware_info(m.hardware), m.threads)
+                dec = m.extra.get("source"), m.extra.get("first_node")
                 out.append(
-                    Sample(info, m.key.backend, hw_cache[hk], float(m.median), m.family, src, m.key, m.hardware, pattern)
+                    Sample(info, m.key.backend, hw_cache[hk], float(m.median), m.family, src, m.key, m.hardware, pattern,
+                           (str(dec[0]), int(dec[1])) if dec[0] is not None and dec[1] is not None else None)
                 )
             bar(done=True)
         finally:

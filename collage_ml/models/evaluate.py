@@ -145,6 +145,10 @@ def decision_groups(
     (default: the family's full-size model; tests use ``-tiny`` ones).
     Sources that are no zoo family (and not in ``models``) are counted in
     ``unrebuilt``. Enumerations are cached in-process.
+
+    Rows that recorded their decision (``Sample.decision``: the source graph's hash and the candidate's
+    first node, stored by the Runner since protocol m2) are grouped by it directly, from any model, zoo or
+    not, and are not rebuilt.
     """
     samples = list(dataset)
     names = tuple(sorted({s.backend for s in samples} if backends is None else set(backends)))
@@ -153,14 +157,36 @@ def decision_groups(
     index: dict[tuple[str, str, str], int] = {}  # (hardware, hash, backend) -> first sample
     hardware: list[str] = []
     sources: dict[str, int] = {}
+    out = DecisionGroups(n=len(samples))
+    grouped = np.zeros(len(samples), dtype=bool)
+    # rows that recorded their decision (source graph hash, first node) group by it, whatever model they came from
+    recorded: dict[tuple, dict[tuple[str, str], int]] = {}
     for i, s in enumerate(samples):
+        if s.decision is not None:
+            recorded.setdefault((s.hardware, *s.decision), {}).setdefault((s.info.hash, s.backend), i)
+    seen_rec: set[tuple[int, ...]] = set()
+    for (hw, src_hash, node), members in sorted(recorded.items()):
+        idx = sorted(members.values())
+        if len(idx) < 2:
+            continue
+        # a block repeated in a model is one decision: same (hash, backend) sets are scored once
+        sig = (hw, src_hash, tuple(sorted(members)))
+        if sig in seen_rec:
+            continue
+        seen_rec.add(sig)
+        arr = np.array(idx, dtype=np.int64)
+        out.groups.append(arr)
+        out.labels.append((hw, samples[idx[0]].source, node))
+        grouped[arr] = True
+    for i, s in enumerate(samples):
+        if s.decision is not None:
+            continue
         k = (s.hardware, s.info.hash, s.backend)
         if k not in index:
             index[k] = i
         if s.hardware not in hardware:
             hardware.append(s.hardware)
         sources[s.source] = sources.get(s.source, 0) + 1
-    out = DecisionGroups(n=len(samples))
     rebuild = []
     for src in sorted(sources):
         if src in models:
@@ -169,7 +195,6 @@ def decision_groups(
             rebuild.append((src, src))
         else:
             out.unrebuilt[src] = sources[src]
-    grouped = np.zeros(len(samples), dtype=bool)
     for family, model in rebuild:
         by_node = _enumeration(model, max_region_size, names)
         for hw in hardware:

@@ -64,9 +64,16 @@ def place(
 
     graph = import_model(model, example_inputs, batch=batch, input_shapes=input_shapes)
     family = model if isinstance(model, str) and not str(model).endswith(".onnx") else graph.name
-    res = _place(graph, resolve_backends(backends), mode, db, max_region_size=max_region_size, threads=threads,
-                 progress=progress, log=log, family=family.removesuffix("-tiny") if isinstance(family, str) else "",
-                 **kwargs)
+    from collage_ml.errors import BackendError
+    from collage_ml.search.dp import NoCoverError
+
+    bks = resolve_backends(backends)
+    try:
+        res = _place(graph, bks, mode, db, max_region_size=max_region_size, threads=threads,
+                     progress=progress, log=log, family=family.removesuffix("-tiny") if isinstance(family, str) else "",
+                     **kwargs)
+    except NoCoverError as e:  # every candidate of some node was invalid: a fact about the backends, one line
+        raise BackendError(f"cannot place {graph.name} on {', '.join(b.name for b in bks)}: {e}") from None
     return res.placed
 
 

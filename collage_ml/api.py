@@ -98,20 +98,20 @@ def backends_info() -> list[dict]:
     return [b.info() for b in all_backends()]
 
 
-def open_db(path: str | Path, create: bool = False):
+def open_db(path: str | Path, create: bool = False, readonly: bool = False):
     """Opens a measurement database (``DatabaseError`` for a missing, corrupt or foreign file)."""
     from collage_ml.db import Database
 
-    return Database(path, create=create)
+    return Database(path, create=create and not readonly, readonly=readonly)
 
 
 def db_stats(path: str | Path) -> dict:
-    with open_db(path) as db:
+    with open_db(path, readonly=True) as db:  # reading never changes the file (e.g. a shipped dataset)
         return db.stats()
 
 
 def db_export_parquet(path: str | Path, out: str | Path) -> int:
-    with open_db(path) as db:
+    with open_db(path, readonly=True) as db:
         return db.export_parquet(out)
 
 

@@ -216,3 +216,21 @@ def test_backends_json_parses_with_mnn_installed():
     mnn = [b for b in rows if b["name"] == "mnn"]
     assert mnn and mnn[0]["available"], mnn
     assert "The device supports" not in r.stdout
+
+
+def test_reading_a_database_never_changes_it(small, capsys):
+    """`db stats` and `db export` on a shipped dataset (here: one in rollback-journal mode, as
+    datasets/cpu-2core-zen4-t1 is) leave its bytes alone; opening it for writing would turn it into WAL."""
+    root, _ = small
+    db = bad_corpus.good_db(root / "rollback.db")
+    import sqlite3
+
+    c = sqlite3.connect(db)
+    assert c.execute("PRAGMA journal_mode = DELETE").fetchone()[0] == "delete"
+    c.close()
+    before = _digest(db)
+    assert main(["db", "stats", str(db), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["total"] == 0
+    pytest.importorskip("pyarrow")
+    assert main(["db", "export", str(db), "--parquet", str(root / "x.parquet")]) == 0
+    assert _digest(db) == before

@@ -1,7 +1,9 @@
 """The ``collage-ml`` command line: a thin layer over :mod:`collage_ml.api`.
 
-Exit status: 0 on success, 2 on a usage error, 1 on a model, backend or
-database error (one line on stderr; ``--debug`` shows the traceback).
+Exit status: 0 on success, 2 on a usage error, 1 on a model, backend,
+database or file error (one line on stderr; ``--debug`` shows the traceback),
+141 when the reader of standard output went away. With ``--json``, standard
+output holds only the JSON document.
 """
 
 from __future__ import annotations

@@ -9,7 +9,8 @@ problem, and no traceback. The tests (``tests/test_bad_inputs.py``) run the case
 Kinds: ONNX models (truncated, bit-flipped, empty, a cycle, a missing initializer, an unknown op, an
 unresolvable symbolic dimension), measurement databases (corrupt, truncated, a foreign SQLite file, a
 newer schema), placed-model folders (tampered plan.json, swapped weights, malformed report.json), and
-cost-model artifacts (damaged meta.json, missing or garbage member files, another schema version).
+cost-model artifacts (damaged meta.json, missing or garbage xgb members, another schema version; a missing,
+garbage or code-carrying pickle as a GNN state file).
 """
 
 from __future__ import annotations
@@ -224,8 +225,8 @@ def good_artifact(path: Path) -> Path:
     return path
 
 
-def bad_artifacts(d: Path) -> dict[str, Path]:
-    from collage_ml.models.base import META
+def bad_artifacts(d: Path, marker: Path) -> dict[str, Path]:
+    from collage_ml.models.base import META, shipped_artifacts
 
     d.mkdir(parents=True, exist_ok=True)
     src = good_artifact(d / "valid.src")
@@ -246,7 +247,33 @@ def bad_artifacts(d: Path) -> dict[str, Path]:
     variant("other-schema", lambda p: (p / META).write_text(json.dumps({**meta, "schema_version": 10**6})))
     variant("members-count-wrong", lambda p: (p / META).write_text(json.dumps({**meta, "members": 40})))
     shutil.rmtree(src)
+    gnn = next((p for p, m in shipped_artifacts() if m.get("kind") == "gnn"), None)
+    if gnn is not None:
+        from collage_ml.models.gnn import STATE
+
+        src = gnn
+
+        def pickled_code(p: Path) -> None:  # a state file that runs a command if unpickled unsafely
+            import torch
+
+            torch.save({"w": _Touch(str(marker))}, p / STATE)
+
+        variant("gnn-state-missing", lambda p: (p / STATE).unlink())
+        variant("gnn-state-garbage", lambda p: (p / STATE).write_bytes(b"PK\x03\x04 not a torch file"))
+        variant("gnn-state-pickled-code", pickled_code)
     return out
+
+
+class _Touch:
+    """Pickles to ``os.system("touch PATH")``: what an unsafe torch.load would run."""
+
+    def __init__(self, path: str):
+        self.path = path
+
+    def __reduce__(self):
+        import os
+
+        return (os.system, (f"touch {self.path}",))
 
 
 def build(root: Path) -> list[Case]:
@@ -286,13 +313,15 @@ def build(root: Path) -> list[Case]:
         ]
     for name, p in bad_placed(root / "placed", marker).items():
         cases.append(Case("placed", name, p, None))
-    for name, p in bad_artifacts(root / "artifacts").items():
+    for name, p in bad_artifacts(root / "artifacts", marker).items():
         s = str(p)
         cases += [
             Case("artifact", name, p, ["eval", "--db", str(db_ok), "--artifact", s, "--no-progress"]),
             Case("artifact", name, p, ["place", str(model), "--backends", "onnxruntime", "--mode", "guided",
                                        "--cost-model", s, "--db", str(scratch / "g.db"), "--no-graph-level",
                                        *fast]),
+            Case("artifact", name, p, ["collect", "--models", str(model), "--backends", "onnxruntime", "--sampler",
+                                       "focus", "--cost-model", s, "--db", str(scratch / "f.db"), *fast]),
         ]
     return cases
 

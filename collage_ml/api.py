@@ -92,13 +92,20 @@ def place(
 
     graph = import_model(model, example_inputs, batch=batch, input_shapes=input_shapes)
     family = model if isinstance(model, str) and not str(model).endswith(".onnx") else graph.name
-    res = _place(
-        graph, resolve_backends(backends), mode, db, max_region_size=max_region_size, threads=threads,
-        timing=TimingConfig() if timing is None else timing, tolerance=Tolerance() if tolerance is None else tolerance,
-        timeout=timeout, progress=progress, log=log,
-        family=family.removesuffix("-tiny") if isinstance(family, str) else "", graph_level=graph_level,
-        evo_config=evo_config, cost_model=cost_model, measure_budget=measure_budget, guided_config=guided_config,
-    )
+    from collage_ml.errors import BackendError
+    from collage_ml.search.dp import NoCoverError
+
+    bks = resolve_backends(backends)
+    try:
+        res = _place(
+            graph, bks, mode, db, max_region_size=max_region_size, threads=threads,
+            timing=TimingConfig() if timing is None else timing, tolerance=Tolerance() if tolerance is None else tolerance,
+            timeout=timeout, progress=progress, log=log,
+            family=family.removesuffix("-tiny") if isinstance(family, str) else "", graph_level=graph_level,
+            evo_config=evo_config, cost_model=cost_model, measure_budget=measure_budget, guided_config=guided_config,
+        )
+    except NoCoverError as e:  # every candidate of some node was invalid: a fact about the backends, one line
+        raise BackendError(f"cannot place {graph.name} on {', '.join(b.name for b in bks)}: {e}") from None
     return res.placed
 
 

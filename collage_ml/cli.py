@@ -1,18 +1,23 @@
 """The ``collage-ml`` command line: a thin layer over :mod:`collage_ml.api`.
 
-Exit status: 0 on success, 2 on a usage error, 1 on a model, backend or
-database error (one line on stderr; ``--debug`` shows the traceback).
+Exit status: 0 on success, 2 on a usage error, 1 on a model, backend,
+database or file error (one line on stderr; ``--debug`` shows the traceback),
+141 when the reader of standard output went away. With ``--json``, standard
+output holds only the JSON document.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import json
+import os
 import sys
-from typing import Sequence
+from typing import Iterator, Sequence
 
 from collage_ml.defaults import MAX_REGION_SIZE
-from collage_ml.errors import CollageError
+from collage_ml.errors import CollageError, first_line
 
 
 def _shape_arg(text: str) -> tuple[str, list[int]]:
@@ -335,21 +340,93 @@ def _cmd_models(args) -> int:
 COMMANDS = {"collect": _cmd_collect, "train": _cmd_models, "eval": _cmd_models, "place": _cmd_place, "show": _cmd_show, "zoo": _cmd_zoo, "inspect": _cmd_inspect, "backends": _cmd_backends, "calibrate": _cmd_calibrate, "db": _cmd_db}
 
 
+def _c_flush() -> None:
+    """Flushes C stdio buffers (a library's printf to a pipe sits there until exit otherwise)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None).fflush(None)
+    except Exception:  # pragma: no cover - no libc
+        pass
+
+
+@contextlib.contextmanager
+def _json_stdout() -> Iterator[None]:
+    """For ``--json``: file descriptor 1 goes to stderr while the command runs, so whatever a library
+    writes there (MNN's CPU-feature line, a converter's log) cannot corrupt the JSON; Python's
+    ``sys.stdout``, which the JSON is printed to, still writes to the real standard output."""
+    out = sys.stdout
+    try:
+        out.flush()
+        real_fd = out.fileno() == 1
+    except (AttributeError, OSError, ValueError, io.UnsupportedOperation):
+        real_fd = False  # not a file (e.g. pytest's capture): only fd 1 itself is redirected
+    try:
+        saved = os.dup(1)
+    except OSError:  # no fd 1 at all
+        yield
+        return
+    json_out = None
+    if real_fd:
+        json_out = io.TextIOWrapper(io.FileIO(saved, "w", closefd=False), encoding=out.encoding or "utf-8",
+                                    errors=getattr(out, "errors", None) or "strict", line_buffering=True)
+        sys.stdout = json_out
+    os.dup2(2, 1)
+    try:
+        yield
+    finally:
+        _c_flush()
+        try:
+            if json_out is not None:
+                sys.stdout = out
+                json_out.close()  # flushes (a closed pipe raises BrokenPipeError here, after closing)
+        finally:
+            os.dup2(saved, 1)
+            os.close(saved)
+
+
+def _naming_the_model(args, e: CollageError) -> str:
+    """The error's line, led by the model file when it is about one that the line does not name yet
+    (the importer's checks, e.g. a cycle or an unknown op, name only the problem)."""
+    from collage_ml.errors import ModelError
+
+    text = str(e)
+    given = [getattr(args, "model", None)] + str(getattr(args, "models", "") or "").split(",")
+    files = [m for m in given if m and os.path.isfile(m)]
+    if isinstance(e, ModelError) and len(files) == 1 and files[0] not in text:
+        return f"{files[0]}: {text}"
+    return text
+
+
+def _error(args, e: BaseException, text: str, status: int = 1) -> int:
+    if args.debug:
+        raise e
+    print(f"collage-ml: error: {text}", file=sys.stderr)
+    return status
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)  # exits 2 on usage errors
     try:
-        return COMMANDS[args.command](args)
+        with _json_stdout() if getattr(args, "json", False) else contextlib.nullcontext():
+            return COMMANDS[args.command](args)
     except CollageError as e:
-        if args.debug:
-            raise
-        print(f"collage-ml: error: {e}", file=sys.stderr)
-        return 1
+        return _error(args, e, _naming_the_model(args, e))
     except ValueError as e:  # bad argument values detected past argparse (e.g. a zoo batch size)
-        if args.debug:
-            raise
-        print(f"collage-ml: error: {e}", file=sys.stderr)
-        return 2
+        return _error(args, e, str(e), 2)
+    except BrokenPipeError:  # the reader went away (`... --json | head`): stop quietly, as CLIs do
+        try:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())  # no second error when Python flushes stdout at exit
+        except (OSError, ValueError, io.UnsupportedOperation):
+            pass
+        return 141  # 128 + SIGPIPE, what a shell reports for a command killed by a closed pipe
+    except OSError as e:  # a path that cannot be written or read (--out, --report, -o, a database folder)
+        where = f"{e.filename}: " if e.filename else ""
+        return _error(args, e, f"{where}{e.strerror or first_line(e)}")
+    except RuntimeError as e:  # e.g. a measurement worker that did not start
+        return _error(args, e, f"{first_line(e)} (--debug shows the traceback)")
     except KeyboardInterrupt:
         print("collage-ml: interrupted", file=sys.stderr)
         return 130

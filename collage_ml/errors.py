@@ -27,6 +27,10 @@ class BackendError(CollageError):
     """A backend is missing, unavailable, or failed."""
 
 
+class PlanError(CollageError):
+    """A plan or saved placed model is malformed, tampered with, or names a backend this install does not have."""
+
+
 class DatabaseError(CollageError):
     """A measurement database is corrupt, foreign, or unreadable."""
 

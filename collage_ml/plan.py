@@ -10,11 +10,24 @@ Before compiling, adjacent partitions on the same *region* backend are merged
 whenever their union is convex, so a plan is not cut into many small
 sessions (fusion inside a region backend is worth more than most per-op
 choices).
+
+A plan file is data. It names each partition's backend by its registered name
+and configuration (``onnxruntime[spin=on]``); loading resolves that name
+through the backend registry (entry-point plug-ins included) and checks the
+configuration against the backend's grid, and never imports or calls anything
+the file names. ``Partition.backend_spec`` (module, class, constructor
+arguments) exists only in memory, for backends this process built itself; it
+is written only with ``to_dict(specs=True)`` and read back only with
+``from_dict(..., trusted=True)``, for a channel between a process and its own
+workers. A placed-model folder also records the SHA-256 of its ``model.onnx``,
+checked at load, so swapped weights are refused instead of run.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import numbers
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -22,10 +35,11 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from collage_ml.backends.base import Backend, Executable, get_backend, to_numpy
-from collage_ml.errors import CollageError, ModelError
+from collage_ml.errors import BackendError, CollageError, ModelError, PlanError, first_line
 from collage_ml.ir.graph import Graph, iter_bits
 
-PLAN_FORMAT = 1
+PLAN_FORMAT = 2  # 2: backends by registered name only (1 also stored an importable backend_spec)
+READ_FORMATS = (1, 2)
 
 
 @dataclass
@@ -34,7 +48,8 @@ class Partition:
     nodes: list[int]
     predicted_ms: float | None = None
     measured_ms: float | None = None
-    backend_spec: tuple[str, str, dict] | None = None  # (module, class, config) to rebuild the backend
+    #: (module, class, config) to rebuild an in-memory backend; never written to or read from a plan file
+    backend_spec: tuple[str, str, dict] | None = None
 
     @property
     def mask(self) -> int:
@@ -74,22 +89,27 @@ class Plan:
     # -- checks and canonical form -------------------------------------------------------
     def validate(self, graph: Graph) -> None:
         seen = 0
-        for p in self.partitions:
+        for k, p in enumerate(self.partitions):
+            if not p.nodes or not all(_is_int(i) for i in p.nodes):
+                raise PlanError(f"plan partition {k} on {p.backend} has no nodes or a node index that is not an integer")
+            if max(p.nodes) >= len(graph) or min(p.nodes) < 0:
+                raise PlanError(f"plan partition {k} on {p.backend} names nodes outside the graph "
+                                f"(indices {min(p.nodes)}..{max(p.nodes)}, the graph has {len(graph)} nodes)")
+            if len(set(p.nodes)) != len(p.nodes):
+                raise PlanError(f"plan partition {k} on {p.backend} lists a node twice")
             m = p.mask
-            if not p.nodes or max(p.nodes) >= len(graph) or min(p.nodes) < 0:
-                raise CollageError(f"plan partition on {p.backend} names nodes outside the graph")
             if m & seen:
-                raise CollageError("plan partitions overlap")
+                raise PlanError("plan partitions overlap")
             if not graph.is_convex(m):
-                raise CollageError(f"plan partition on {p.backend} with {len(p.nodes)} nodes is not convex")
+                raise PlanError(f"plan partition {k} on {p.backend} with {len(p.nodes)} nodes is not convex")
             seen |= m
         if seen != graph.all_mask:
             missing = len(graph) - bin(seen).count("1")
-            raise CollageError(f"plan does not cover the graph ({missing} node(s) unassigned)")
+            raise PlanError(f"plan does not cover the graph ({missing} node(s) unassigned)")
         if _partition_order(graph, self.partitions) is None:
-            raise CollageError("plan partitions depend on each other in a cycle")
+            raise PlanError("plan partitions depend on each other in a cycle")
         if self.graph_hash and self.graph_hash != graph.whole().hash:
-            raise CollageError("this plan was made for a different model (graph hash mismatch)")
+            raise PlanError("this plan was made for a different model (graph hash mismatch)")
 
     def canonical(self) -> tuple:
         """A hashable form: the set of (backend, nodes) partitions."""
@@ -142,32 +162,53 @@ class Plan:
         return order
 
     # -- serialisation ---------------------------------------------------------------------------
-    def to_dict(self) -> dict:
+    def to_dict(self, specs: bool = False) -> dict:
+        """The plan as JSON-able data: backends by registered name. ``specs=True`` adds each partition's
+        in-memory ``backend_spec``, for a process's own workers only (see the module docstring)."""
         d = asdict(self)
+        if not specs:
+            for p in d["partitions"]:
+                p.pop("backend_spec", None)
         d["format"] = PLAN_FORMAT
         return d
 
-    def to_json(self) -> str:
-        return json.dumps(self.to_dict(), indent=1)
+    def to_json(self, specs: bool = False) -> str:
+        return json.dumps(self.to_dict(specs), indent=1)
 
     @staticmethod
-    def from_dict(d: Mapping) -> "Plan":
-        if d.get("format") != PLAN_FORMAT:
-            raise CollageError(f"unsupported plan format {d.get('format')!r} (this collage-ml reads {PLAN_FORMAT})")
-        parts = [
-            Partition(p["backend"], list(p["nodes"]), p.get("predicted_ms"), p.get("measured_ms"),
-                      tuple(p["backend_spec"]) if p.get("backend_spec") else None)
-            for p in d["partitions"]
-        ]
-        return Plan(d["model"], parts, d.get("hardware", ""), d.get("threads", 1), d.get("versions", {}),
-                    d.get("predicted_ms"), d.get("measured_ms"), d.get("graph_hash", ""))
+    def from_dict(d: Mapping, trusted: bool = False) -> "Plan":
+        """Reads a plan; raises :class:`PlanError` naming the first problem.
+
+        Each backend name is resolved through the registry and its configuration checked against the
+        backend's grid. A ``backend_spec`` in the data is never imported: a legacy (format 1) spec is
+        accepted only when it is exactly the registered backend of that name. ``trusted=True`` keeps
+        specs as they are, for data this process (or its parent) wrote itself.
+        """
+        if not isinstance(d, Mapping):
+            raise PlanError(f"not a collage-ml plan (a JSON {type(d).__name__}, not an object)")
+        fmt = d.get("format")
+        if fmt not in READ_FORMATS or isinstance(fmt, bool):
+            raise PlanError(f"unsupported plan format {fmt!r} (this collage-ml reads {', '.join(map(str, READ_FORMATS))})")
+        _field(d, "model", str)
+        parts_in = _field(d, "partitions", list)
+        if not parts_in:
+            raise PlanError("plan has no partitions")
+        parts = [_partition_from_dict(k, p, trusted) for k, p in enumerate(parts_in)]
+        threads = _field(d, "threads", int, 1)
+        if threads < 1:
+            raise PlanError(f"plan threads must be a positive integer, got {threads!r}")
+        versions = _field(d, "versions", dict, {})
+        return Plan(d["model"], parts, _field(d, "hardware", str, ""), threads, dict(versions),
+                    _field(d, "predicted_ms", numbers.Real, None), _field(d, "measured_ms", numbers.Real, None),
+                    _field(d, "graph_hash", str, ""))
 
     @staticmethod
-    def from_json(text: str) -> "Plan":
+    def from_json(text: str, trusted: bool = False) -> "Plan":
         try:
-            return Plan.from_dict(json.loads(text))
-        except (KeyError, TypeError, ValueError) as e:
-            raise CollageError(f"not a collage-ml plan: {e}") from None
+            d = json.loads(text)
+        except (TypeError, ValueError) as e:
+            raise PlanError(f"not a collage-ml plan: not valid JSON ({first_line(e)})") from None
+        return Plan.from_dict(d, trusted=trusted)
 
     # -- compile -----------------------------------------------------------------------------------
     def compile(self, graph: Graph, threads: int | None = None, merge: bool = True) -> "PlacedModel":
@@ -209,8 +250,70 @@ def _partition_order(graph: Graph, parts: Sequence[Partition]) -> list[int] | No
     return order if len(order) == len(parts) else None
 
 
+def _is_int(v: object) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+_MISSING = object()
+
+
+def _field(d: Mapping, key: str, kind, default=_MISSING, where: str = "plan"):
+    """``d[key]`` checked to be of ``kind`` (None allowed when the default is None)."""
+    if key not in d:
+        if default is _MISSING:
+            raise PlanError(f"not a collage-ml plan (no {key!r})" if where == "plan" else f"{where} has no {key!r}")
+        return default
+    v = d[key]
+    if v is None and default is None:
+        return None
+    ok = _is_int(v) if kind is int else isinstance(v, kind) and not isinstance(v, bool)
+    if not ok:
+        name = "integer" if kind is int else "number" if kind is numbers.Real else kind.__name__
+        raise PlanError(f"{where}: {key!r} must be a {name}, got {type(v).__name__} {str(v)[:40]!r}")
+    return v
+
+
+def _partition_from_dict(k: int, p: object, trusted: bool) -> Partition:
+    where = f"plan partition {k}"
+    if not isinstance(p, Mapping):
+        raise PlanError(f"{where} is a JSON {type(p).__name__}, not an object")
+    name = _field(p, "backend", str, where=where)
+    nodes = _field(p, "nodes", list, where=where)
+    if not nodes or not all(_is_int(i) and i >= 0 for i in nodes):
+        raise PlanError(f"{where} on {name!r}: 'nodes' must be a non-empty list of node indices (integers >= 0)")
+    pred = _field(p, "predicted_ms", numbers.Real, None, where)
+    meas = _field(p, "measured_ms", numbers.Real, None, where)
+    spec = p.get("backend_spec")
+    if trusted:
+        return Partition(name, list(nodes), pred, meas, tuple(spec) if spec else None)
+    try:
+        b = get_backend(name)  # the registry only: unknown names and configurations off the grid raise
+    except BackendError as e:
+        raise PlanError(f"{where}: {e}") from None
+    if spec is not None:
+        _check_legacy_spec(where, b, spec)
+    return Partition(b.name, list(nodes), pred, meas, None)
+
+
+def _check_legacy_spec(where: str, b: Backend, spec: object) -> None:
+    """A format-1 plan's (module, class, config) is accepted only when it is exactly the registered backend
+    ``b``: it is compared with the registry, never imported or called."""
+    cls = type(b)
+    ok = (isinstance(spec, (list, tuple)) and len(spec) == 3 and isinstance(spec[0], str)
+          and isinstance(spec[1], str) and isinstance(spec[2], dict))
+    if ok:
+        module, qualname, config = spec
+        mine = json.loads(json.dumps(b.config, default=str))
+        ok = (module == cls.__module__ and qualname == cls.__qualname__
+              and all(key in mine and json.dumps(mine[key]) == json.dumps(v) for key, v in config.items()))
+    if not ok:
+        shown = json.dumps(spec, default=str)[:120]
+        raise PlanError(f"{where}: its backend_spec {shown} is not the registered backend {b.name!r} "
+                        f"({cls.__module__}.{cls.__qualname__}); a plan file may only name registered backends")
+
+
 def _backend_of(p: Partition) -> Backend:
-    if p.backend_spec:
+    if p.backend_spec:  # in memory only: a backend this process built (plan files never carry one)
         from collage_ml.measure.runner import build_backend
 
         try:
@@ -302,7 +405,9 @@ class PlacedModel:
         d = Path(path)
         d.mkdir(parents=True, exist_ok=True)
         onnx.save(self.graph.model, str(d / "model.onnx"))
-        (d / "plan.json").write_text(self.plan.to_json())
+        plan = self.plan.to_dict()
+        plan["model_sha256"] = _sha256(d / "model.onnx")
+        (d / "plan.json").write_text(json.dumps(plan, indent=1))
         if self.report:
             (d / "report.json").write_text(json.dumps(self.report, indent=1, default=str))
         return d
@@ -329,16 +434,66 @@ def _dlpackable(x: Any) -> Any:
     return x
 
 
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _read_json(path: Path, what: str):
+    try:
+        return json.loads(path.read_text())
+    except OSError as e:
+        raise PlanError(f"{path}: cannot read {what}: {e.strerror or first_line(e)}") from None
+    except (UnicodeDecodeError, ValueError) as e:
+        raise PlanError(f"{path}: {what} is not valid JSON ({first_line(e)})") from None
+
+
 def load(path: str | Path, threads: int | None = None) -> PlacedModel:
-    """Loads a PlacedModel saved with :meth:`PlacedModel.save`, recompiling its backends."""
+    """Loads a PlacedModel saved with :meth:`PlacedModel.save`, recompiling its backends.
+
+    The folder is data: every backend is resolved by its registered name (see the module docstring), the
+    plan must carry the graph hash of ``model.onnx`` and, from format 2, the SHA-256 of its bytes. Anything
+    malformed or tampered with raises :class:`PlanError` (or :class:`ModelError` for an unreadable model)
+    naming the file and the problem.
+    """
     from collage_ml.ir.importers import from_onnx, load_onnx_file
 
     d = Path(path)
-    if not (d / "plan.json").exists() or not (d / "model.onnx").exists():
+    if not (d / "plan.json").is_file() or not (d / "model.onnx").is_file():
         raise ModelError(f"{d}: not a saved placed model (expected plan.json and model.onnx)")
-    plan = Plan.from_json((d / "plan.json").read_text())
+    pj = d / "plan.json"
+    raw = _read_json(pj, "the plan")
+    try:
+        plan = Plan.from_dict(raw)
+        if not plan.graph_hash:
+            raise PlanError("plan has no graph_hash, so it cannot be checked against model.onnx")
+        want = raw.get("model_sha256")
+        if raw.get("format") != 1 or want is not None:
+            if not isinstance(want, str) or not want:
+                raise PlanError("plan has no model_sha256 (the content hash of model.onnx)")
+            if want != _sha256(d / "model.onnx"):
+                raise PlanError("model.onnx is not the model this plan was saved with (content hash mismatch: "
+                                "its weights or graph were changed)")
+    except PlanError as e:
+        raise PlanError(f"{pj}: {e}") from None
     graph = from_onnx(load_onnx_file(d / "model.onnx"), name=plan.model)
-    pm = plan.compile(graph, threads=threads)
-    if (d / "report.json").exists():
-        pm.report = json.loads((d / "report.json").read_text())
+    try:
+        plan.validate(graph)
+        for k, p in enumerate(plan.partitions):
+            try:
+                _backend_of(p)
+            except BackendError as e:
+                raise PlanError(f"plan partition {k}: {e}") from None
+        pm = plan.compile(graph, threads=threads)
+    except PlanError as e:
+        raise PlanError(f"{pj}: {e}") from None
+    rj = d / "report.json"
+    if rj.exists():
+        report = _read_json(rj, "the report")
+        if not isinstance(report, dict):
+            raise PlanError(f"{rj}: the report is a JSON {type(report).__name__}, not an object")
+        pm.report = report
     return pm

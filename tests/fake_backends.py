@@ -71,3 +71,16 @@ class FakeCostBackend(OnnxRuntimeBackend):
 
     def _version(self) -> str:
         return "fake-1"
+
+
+class SlightlyWrongFixture(OnnxRuntimeBackend):
+    """Numbers off by 1e-2 relative: ten times the checker's rtol, far from the gross +1.0 above."""
+
+    name = "test-slightly-wrong"
+
+    def compile(self, sg, threads=1):
+        return _Wrap(super().compile(sg, threads),
+                     lambda outs: [(np.asarray(o) * (1 + 1e-2)).astype(np.asarray(o).dtype) for o in outs])
+
+    def _version(self) -> str:
+        return "slightly-wrong-1+" + super()._version()

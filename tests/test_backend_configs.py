@@ -246,7 +246,7 @@ def test_spec_round_trip(name):
     if name.startswith("openvino"):
         _ov()
     b = get_backend(name)
-    r = build_backend(json.loads(json.dumps(b.spec())))  # as a plan file stores it
+    r = build_backend(json.loads(json.dumps(b.spec())))  # as a worker task carries it (plan files name backends only)
     assert type(r) is type(b)
     assert (r.name, r.version, r.options()) == (b.name, b.version, b.options())
 
@@ -277,7 +277,8 @@ def test_plan_mixing_ort_configurations_runs():
     names = ["onnxruntime", "onnxruntime[opt=basic]", "onnxruntime[spin=on]"]
     plan = _mixed_plan(g, names, seed=3)
     assert len(plan.backends_used()) >= 2, plan.backends_used()
-    plan = Plan.from_json(plan.to_json())  # configured names and specs survive the plan file
+    plan = Plan.from_json(plan.to_json())  # configured names survive the plan file, resolved by the registry
+    assert all(p.backend_spec is None for p in plan.partitions)
     pm = plan.compile(g, threads=2)
     assert {p.backend for p in pm.plan.partitions} <= set(names)
     ref = g.reference()

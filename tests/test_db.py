@@ -274,19 +274,30 @@ def test_kill_9_loses_nothing_committed(tmp_path):
 def test_two_concurrent_writers_lose_nothing(tmp_path):
     path = tmp_path / "c.db"
     n = 300
-    # "b" barely waits for the lock, so its writes also go through the retry path
+    Database(path).close()
+    # "b" barely waits for the lock, and the test holds the write lock while both start, so b's writes
+    # must go through the retry path
+    lock = sqlite3.connect(path, isolation_level=None)
+    lock.execute("BEGIN IMMEDIATE")
     procs = [_spawn(path, "a", n), _spawn(path, "b", n, timeout=0.001)]
-    outs = []
+    for p in procs:  # opening an existing database writes nothing, so both get this far under the lock
+        assert p.stdout.readline().strip() == "ready", p.stderr.read()
+    time.sleep(1.0)  # both are waiting for their first commit now (generous: the machine may be loaded)
+    lock.execute("COMMIT")
+    lock.close()
+    outs, retries = [], []
     for p in procs:
         out, err = p.communicate(timeout=120)
         assert p.returncode == 0, err
         outs.append(out)
+        retries.append(int(err.split("retries")[-1].split()[0]))
+    assert retries[1] > 0, retries  # b was locked out at first and retried
     with Database(path, create=False) as d:
         stored = {m.key.subgraph_hash for m in d.measurements()}
         assert d._conn.execute("PRAGMA integrity_check").fetchall() == [("ok",)]
         assert len(d) == 2 * n + 1  # plus the one key both wrote
     for tag, out in zip(("a", "b"), outs):
-        ids = [int(x) for x in out.split()[1:]]
+        ids = [int(x) for x in out.split()]  # "ready" was read above
         assert sorted(ids) == list(range(n))
         assert {f"{tag}-{i}" for i in ids} <= stored
     assert "shared" in stored

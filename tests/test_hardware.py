@@ -66,20 +66,24 @@ def test_fingerprint_stable_and_keyed_by_threads():
 def test_fingerprint_covers_exactly_the_documented_fields():
     base = hardware.hardware_info(2)
     fp = hardware.fingerprint_of(base)
+    # every "other value" is derived from this machine's own, so it differs on any machine
+    gpus = list(base["gpus"] or [])
+    other_gpu = {"name": "other-" + (gpus[0]["name"] if gpus else "gpu"), "driver": "other-driver"}
     changed = {
-        "cpu_model": "Some Other CPU",
-        "cpu_id": "AuthenticAMD-25-1-1",
+        "cpu_model": base["cpu_model"] + " (other)",
+        "cpu_id": f"other-{base['cpu_id']}",
         "isa": {**(base["isa"] or {}), "avx512f": not (base["isa"] or {}).get("avx512f")},
         "physical_cores": base["physical_cores"] + 1,
-        "threads": 3,
+        "threads": base["threads"] + 1,
         "memory_gib": base["memory_gib"] + 1,
-        "gpus": [{"name": "NVIDIA H200", "driver": "550.1"}],
+        "gpus": gpus + [other_gpu],
     }
     assert set(changed) == set(hardware.FINGERPRINT_FIELDS)
     for k, v in changed.items():
+        assert v != base[k], k
         assert hardware.fingerprint_of({**base, k: v}) != fp, k
-    g1 = {**base, "gpus": [{"name": "NVIDIA H200", "driver": "550.1"}]}
-    g2 = {**base, "gpus": [{"name": "NVIDIA H200", "driver": "560.2"}]}
+    g1 = {**base, "gpus": [other_gpu]}
+    g2 = {**base, "gpus": [{**other_gpu, "driver": other_gpu["driver"] + "-2"}]}
     assert hardware.fingerprint_of(g1) != hardware.fingerprint_of(g2)
     for k, v in {"os_release": "other", "logical_cores": 999, "cpus_available": 1, "arch": "z"}.items():
         assert hardware.fingerprint_of({**base, k: v}) == fp, k

@@ -5,7 +5,7 @@ from collage_ml.backends.onnxruntime_backend import OnnxRuntimeBackend
 from collage_ml.candidates import Candidate, enumerate_candidates
 from collage_ml.ir import import_model
 from collage_ml.measure.runner import Runner
-from collage_ml.measure.timing import TimingConfig, Tolerance, compare, time_callable
+from collage_ml.measure.timing import TimingConfig, Tolerance, compare, spread_of, time_callable
 from tests.fake_backends import AbortFixture, HangFixture, RaiseFixture, WrongNumbersFixture
 
 FAST = TimingConfig(warmup=1, warmup_seconds=0.0, min_repeats=3, max_repeats=10, time_cap=0.2)
@@ -33,7 +33,8 @@ def test_time_callable_stops_and_reports():
     calls = []
     r = time_callable(lambda: calls.append(1), FAST)
     assert 3 <= len(r.samples) <= 10
-    assert r.median >= 0 and r.spread >= 0
+    assert 0 < r.median < 0.01  # an append takes well under 10 ms, and a clock that reads 0 is broken
+    assert r.median == float(np.median(r.samples)) and r.spread == pytest.approx(spread_of(r.samples))
     assert len(calls) >= len(r.samples) + 1
 
 
@@ -127,10 +128,11 @@ def test_boundary_costs_measured_in_chains(tmp_path):
         ms = measure_boundaries(r, backends, sizes=(256, 65536))
         assert len(ms) == 8 and all(m.valid for m in ms), [m.error_text for m in ms]
         for m in ms:
-            assert m.extra["chain"] > 0 and m.median >= 0
+            assert m.extra["chain"] > 0 and m.median is not None and 0 <= m.median < 0.1, m
         table = BoundaryTable(db.measurements(family="boundary"))
         assert table.cost("onnxruntime", "torch", 1024) is not None
-        assert table.cost("torch", "onnxruntime", 10**6) >= 0
+        big = table.cost("torch", "onnxruntime", 10**6)
+        assert big is not None and 0 <= big < 0.1, big
         assert table.cost("onnxruntime", "tvm", 1024) is None
         before = len(db)
         again = measure_boundaries(r, backends, sizes=(256,))

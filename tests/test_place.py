@@ -26,7 +26,8 @@ def test_place_every_tiny_model_matches_reference(model, tmp_path):
     assert REPORT_KEYS <= set(rep)
     assert rep["outputs_match"], rep["mismatch"]
     assert rep["max_abs_error"] < 1e-3
-    assert rep["measurements"] > 0 and rep["cache_hits"] >= 0
+    # a fresh database: every distinct candidate was measured in this run (a cache hit is a repeat of one)
+    assert rep["measurements"] >= rep["distinct_candidates"] > 0
     # the chosen plan is the fastest of the plans measured end to end in this run
     e2e = {k: v for k, v in rep["plans_e2e_ms"].items() if v is not None}
     assert rep["plan_latency_ms"] == pytest.approx(min(e2e.values()))

@@ -87,9 +87,19 @@ def _quiet_stdout() -> Iterator[None]:
             try:
                 yield
             finally:
+                _c_flush()  # what MNN printed but C stdio still buffers goes to /dev/null too
                 os.dup2(fd, 1)
     finally:
         os.close(fd)
+
+
+def _c_flush() -> None:
+    try:
+        import ctypes
+
+        ctypes.CDLL(None).fflush(None)
+    except Exception:  # pragma: no cover - no libc
+        pass
 
 
 def _import_mnn():
@@ -155,7 +165,8 @@ class MnnBackend(Backend):
 
     def _probe(self) -> None:
         _import_mnn()
-        importlib.import_module("_tools")  # the converter ships in the same wheel
+        with _quiet_stdout():  # importing the converter prints MNN's CPU-feature line
+            importlib.import_module("_tools")  # the converter ships in the same wheel
 
     def _version(self) -> str:
         return f"{package_version('MNN')}+wino{_WINOGRAD_LEVEL[self.winograd]}"

@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import importlib
 import json
+import os
+import shutil
 import time
 from abc import ABC, abstractmethod
 from pathlib import Path
@@ -28,7 +30,7 @@ from typing import Any, ClassVar, Sequence
 
 import numpy as np
 
-from collage_ml.errors import CollageError
+from collage_ml.errors import CollageError, describe
 from collage_ml.featurize.hardware import HardwareDesc
 from collage_ml.featurize.schema import SCHEMA_VERSION, check_schema
 from collage_ml.models.dataset import Dataset, Sample, items_of
@@ -110,27 +112,98 @@ class CostModel(ABC):
         self.meta["update_samples"] += n
 
     def save(self, path: str | Path) -> Path:
+        """Writes the artifact directory ``path`` atomically: everything goes into a temporary sibling
+        folder, which then replaces ``path`` by a rename, so a reader (or a later run after a kill
+        mid-save) sees the old artifact or the new one, never a mix or a half-written one."""
         d = Path(path)
-        d.mkdir(parents=True, exist_ok=True)
-        extra = self._save_payload(d)
-        meta = {
-            "format": ARTIFACT_FORMAT,
-            "format_version": ARTIFACT_VERSION,
-            "kind": self.kind,
-            "schema_version": SCHEMA_VERSION,
-            "params": self.params,
-            "hw": None if self.hw is None else vars(self.hw),
-            **{k: v for k, v in self.meta.items() if k not in ("format", "kind", "schema_version", "params", "hw")},
-            **extra,
-        }
-        tmp = d / (META + ".tmp")
-        tmp.write_text(json.dumps(meta, indent=1, sort_keys=True, default=_json_default))
-        tmp.replace(d / META)
+        d.parent.mkdir(parents=True, exist_ok=True)
+        if d.exists() and not d.is_dir():
+            raise ArtifactError(f"{d} exists and is not a directory; cannot save a cost model there")
+        if d.is_dir() and not _replaceable(d):
+            raise ArtifactError(f"{d} is a folder with other files, not a cost-model artifact; save to a new folder")
+        for stale in [*d.parent.glob(f".{d.name}.tmp-*"), *d.parent.glob(f".{d.name}.old-*")]:
+            if not _pid_alive(stale.name.rsplit("-", 1)[-1]):  # left by a save that was killed
+                shutil.rmtree(stale, ignore_errors=True)
+        tmp = d.parent / f".{d.name}.tmp-{os.getpid()}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+        try:
+            extra = self._save_payload(tmp)
+            meta = {
+                "format": ARTIFACT_FORMAT,
+                "format_version": ARTIFACT_VERSION,
+                "kind": self.kind,
+                "schema_version": SCHEMA_VERSION,
+                "params": self.params,
+                "hw": None if self.hw is None else vars(self.hw),
+                **{k: v for k, v in self.meta.items() if k not in ("format", "kind", "schema_version", "params", "hw")},
+                **extra,
+            }
+            (tmp / META).write_text(json.dumps(meta, indent=1, sort_keys=True, default=_json_default))
+            _fsync_dir(tmp)
+            _swap_in(tmp, d)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
         return d
 
     def __repr__(self) -> str:
         n = self.meta.get("trained_on", {}).get("n")
         return f"{type(self).__name__}(trained on {n} samples, {self.meta.get('updates', 0)} updates)"
+
+
+def _replaceable(d: Path) -> bool:
+    """Is the folder ``d`` empty or an artifact (whole or damaged), so a save may replace it?"""
+    import fnmatch
+
+    names = [p.name for p in d.iterdir()]
+    return META in names or all(any(fnmatch.fnmatch(n, pat) for pat in _ARTIFACT_FILES) for n in names)
+
+
+_ARTIFACT_FILES = (META, META + ".tmp", "member-*.json", "*.pt")
+
+
+def _pid_alive(text: str) -> bool:
+    try:
+        os.kill(int(text), 0)
+    except (ValueError, ProcessLookupError):
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
+def _fsync_dir(d: Path) -> None:
+    """Flushes the files of ``d`` and the folder itself to disk (best effort)."""
+    for f in [*d.iterdir(), d]:
+        try:
+            fd = os.open(f, os.O_RDONLY)
+        except OSError:
+            continue
+        try:
+            os.fsync(fd)
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+
+
+def _swap_in(new: Path, dest: Path) -> None:
+    """Replaces the folder ``dest`` with the folder ``new`` by renames. Without an old ``dest`` this is one
+    atomic rename; with one, the old folder is renamed aside first and removed after, so between the two
+    renames (microseconds) ``dest`` is absent, which readers treat as "no updated model yet"."""
+    if not dest.exists():
+        os.replace(new, dest)
+        return
+    old = dest.parent / f".{dest.name}.old-{os.getpid()}"
+    shutil.rmtree(old, ignore_errors=True)
+    os.replace(dest, old)
+    try:
+        os.replace(new, dest)
+    except BaseException:
+        os.replace(old, dest)
+        raise
+    shutil.rmtree(old, ignore_errors=True)
 
 
 def _json_default(o: Any) -> Any:
@@ -187,7 +260,7 @@ def load_model(path: str | Path) -> CostModel:
     except ArtifactError:
         raise
     except Exception as e:
-        raise ArtifactError(f"cost model {directory} is damaged: {type(e).__name__}: {e}") from None
+        raise ArtifactError(f"cost model {directory} is damaged: {describe(e)}") from None
     return model
 
 

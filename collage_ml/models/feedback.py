@@ -11,11 +11,14 @@ shipped artifact. A user's own artifact path is never overwritten.
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any, Sequence
 
+from collage_ml.errors import first_line
+
 from collage_ml.featurize.hardware import HardwareDesc
-from collage_ml.models.base import KINDS, CostModel, load_model, read_meta
+from collage_ml.models.base import KINDS, CostModel, load_model
 from collage_ml.models.dataset import Dataset
 
 
@@ -35,15 +38,27 @@ def resolve_cost_model(spec: Any, db_path: str | Path | None, fingerprint: str) 
     elif spec is None or str(spec) == "default":
         for kind in KINDS if db_path is not None else ():
             p = updated_path(db_path, fingerprint, kind)
-            try:
-                read_meta(p)
-            except Exception:
+            if not p.exists():
                 continue
-            return load_model(p), str(p), p
+            try:
+                return load_model(p), str(p), p
+            except Exception as e:  # damaged (e.g. an older collage-ml killed mid-save): the next save replaces it
+                _warn_once(p, f"collage-ml: warning: the updated cost model {p} does not load ({first_line(e)}); "
+                              "using the shipped model, and saving the next update over it")
         model, source = load_model("default"), "shipped default"
     else:
         model, source = load_model(spec), str(spec)
     return model, source, (updated_path(db_path, fingerprint, model.kind) if db_path is not None else None)
+
+_WARNED: set[str] = set()
+
+
+def _warn_once(path: Path, text: str) -> None:
+    """One line on stderr, once per process and path (a guided run resolves its model more than once)."""
+    if str(path) not in _WARNED:
+        _WARNED.add(str(path))
+        print(text, file=sys.stderr)
+
 
 class Feedback:
     def __init__(self, model: CostModel, save_to: Path | None, hw: HardwareDesc):

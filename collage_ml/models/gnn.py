@@ -101,6 +101,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from collage_ml.errors import describe
 from collage_ml.featurize.flat import SUBGRAPH_FEATURES, subgraph_part
 from collage_ml.featurize.graph import GLOBAL_FEATURES, NODE_FEATURES, node_matrix
 from collage_ml.featurize.schema import N_BACKENDS, backend_slot
@@ -554,7 +555,7 @@ class GNNCostModel(CostModel):
         try:
             state = torch.load(f, map_location="cpu", weights_only=True)
         except Exception as e:
-            raise ArtifactError(f"GNN cost model {f} is unreadable: {type(e).__name__}: {e}") from None
+            raise ArtifactError(f"GNN cost model {f} is unreadable: {describe(e)}") from None
         net = _build_net(self.params)
         try:
             net.load_state_dict(state, strict=True)

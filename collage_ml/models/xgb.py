@@ -250,7 +250,8 @@ class XGBCostModel(CostModel):
             raise ArtifactError(f"cost model {directory}: meta.json does not say how many members it has")
         missing = [f"member-{i}.json" for i in range(k) if not (directory / f"member-{i}.json").is_file()]
         if missing:
-            raise ArtifactError(f"cost model {directory} is incomplete: missing {', '.join(missing)}")
+            shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
+            raise ArtifactError(f"cost model {directory} is incomplete: missing {shown}")
         members = []
         for i in range(k):
             b = xgb.Booster()

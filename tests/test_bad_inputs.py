@@ -172,7 +172,11 @@ def test_every_json_command_prints_only_json(small, capfd, monkeypatch):
     from collage_ml.models.base import shipped_artifacts
 
     artifact = next(str(p) for p, m in shipped_artifacts() if m.get("kind") == "xgb")
+    from collage_ml.measure import probes
+
+    monkeypatch.setattr(probes, "PROBES", probes.PROBES[10:11])  # one probe kernel: calibrate stays fast
     commands = [
+        ["calibrate", "--backends", "onnxruntime", "--db", str(db), "--json"],
         ["zoo", "--json"],
         ["inspect", str(model), "--json"],
         ["backends", "--json"],

@@ -173,10 +173,11 @@ class OpenVinoBackend(Backend):
             compiled = self.core.compile_model(model, "CPU", props)
         except Exception as e:
             raise BackendError(f"openvino could not compile {sg}: {first_line(e)}") from None
-        names = [o.get_any_name() for o in compiled.inputs]
-        if list(names) != list(sg.inputs):
-            # inputs come back in the model's declared order; map defensively
-            order = {n: i for i, n in enumerate(names)}
-            if set(order) != set(sg.inputs):
-                raise BackendError(f"openvino renamed the inputs of {sg}: {names} vs {list(sg.inputs)}")
+        # inputs are fed by position, in the model's declared order; a port can carry several names (an
+        # input passed straight through, e.g. by a lone Dropout or Identity, may carry only the output's name)
+        ports = [set(o.get_names()) for o in compiled.inputs]
+        outs = set(sg.outputs)
+        if len(ports) != len(sg.inputs) or any(t not in p and not p <= outs for t, p in zip(sg.inputs, ports)):
+            names = [sorted(p) for p in ports]
+            raise BackendError(f"openvino renamed the inputs of {sg}: {names} vs {list(sg.inputs)}")
         return OpenVinoExecutable(compiled, sg.inputs, sg.outputs)

@@ -28,7 +28,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from collage_ml.errors import ModelError, UnsupportedModelError, first_line
+from collage_ml.errors import CollageError, ModelError, UnsupportedModelError, describe, first_line
 from collage_ml.ir.graph import Graph, TensorInfo, _toposort, run_onnx
 
 
@@ -184,6 +184,15 @@ def from_onnx(
     when the converted model gives the same outputs on onnxruntime. Each
     change is listed in ``Graph.import_notes``.
     """
+    try:
+        return _from_onnx(model, input_shapes, name)
+    except CollageError:
+        raise
+    except Exception as e:  # anything else from onnx or onnxruntime on a strange file: one line, not a traceback
+        raise ModelError(f"could not import the model: {describe(e)}") from e
+
+
+def _from_onnx(model: onnx.ModelProto, input_shapes: Mapping[str, Sequence[int]] | None, name: str) -> Graph:
     m = onnx.ModelProto()
     m.CopyFrom(model)
     notes: list[str] = []

@@ -238,3 +238,24 @@ CORPUS: dict[str, tuple[Callable[[], onnx.ModelProto], str]] = {
 
 def build(name: str) -> onnx.ModelProto:
     return CORPUS[name][0]()
+
+
+# -- a backend for the fallback test: workers rebuild it from its spec, so it lives in an importable module --
+from collage_ml.backends.onnxruntime_backend import OnnxRuntimeBackend  # noqa: E402
+from collage_ml.errors import BackendError  # noqa: E402
+
+
+class WholeModelOnlyFixture(OnnxRuntimeBackend):
+    """onnxruntime that compiles the whole model only (every smaller candidate fails the same way) and
+    declines Softmax alone, as if its probe had failed: no candidate covers the Softmax node."""
+
+    name = "test-whole-only"
+
+    def supports(self, graph, node):
+        return node.op_type != "Softmax" and super().supports(graph, node)
+
+    def compile(self, sg, threads=1):
+        # workers see a candidate as a graph of its own, so "whole model" is told by its Softmax
+        if not any(n.op_type == "Softmax" for n in sg.nodes):
+            raise BackendError(f"test-whole-only compiles whole models only, not {sg}")
+        return super().compile(sg, threads)

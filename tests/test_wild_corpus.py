@@ -17,7 +17,7 @@ from collage_ml.measure.timing import TimingConfig
 from collage_ml.models import base as models_base
 from collage_ml.search.failures import FailureLog, normalise
 from tests.fake_cost_models import FlopsFixtureModel
-from tests.wild_corpus import CORPUS, WholeModelOnlyFixture, build
+from tests.wild_corpus import CORPUS, NoSoftmaxFixture, build
 
 FAST = TimingConfig(warmup=1, warmup_seconds=0.0, min_repeats=3, max_repeats=8, time_cap=0.05)
 NAMES = list(CORPUS)
@@ -105,17 +105,34 @@ def test_no_cover_falls_back_to_the_whole_model_and_says_why(tmp_path):
     from collage_ml.search import tuner
 
     g = import_model(build("squeezenet-ir3"))
-    res = tuner.place(g, backends=[WholeModelOnlyFixture()], db=tmp_path / "m.db", max_region_size=1,
-                      timing=FAST, graph_level=False, progress=False)
+    lines = []
+    res = tuner.place(g, backends=[NoSoftmaxFixture()], db=tmp_path / "m.db", max_region_size=1,
+                      timing=FAST, graph_level=False, progress=False, log=lines.append)
     pm, rep = res.placed, res.report
-    assert rep["chosen"] == "all-test-whole-only" and len(rep["partitions"]) == 1
+    assert rep["chosen"] == "all-test-no-softmax" and len(rep["partitions"]) == 1
     assert rep["outputs_match"]
-    assert rep["fallback"].startswith("no valid candidate covers node")
-    assert "test-whole-only compiles whole models only" in rep["fallback"]
-    # every candidate failed with one text: said once, as a systematic failure
-    (sysf,) = rep["systematic_failures"]
-    assert sysf["backend"] == "test-whole-only" and sysf["count"] > sysf["of"] / 2
-    assert rep["invalid_by_backend"]["test-whole-only"]["invalid"] == sysf["count"] >= len(pm.graph) - 2
+    assert rep["fallback"] == "no valid candidate covers node 'softmax' (Softmax); test-no-softmax declines it"
+    assert any(x.startswith("no finer plan: no valid candidate covers node 'softmax'") for x in lines)
+    # known before measuring: only the whole model was measured, no candidate
+    assert rep["measurements"] == 1
+
+
+def test_systematic_failure_is_said_once_and_the_plan_still_comes(tmp_path):
+    from collage_ml.search import tuner
+    from tests.fake_backends import RaiseFixture
+
+    g = import_model(build("squeezenet-ir3"))
+    lines = []
+    res = tuner.place(g, backends=[RaiseFixture(), get_backend("onnxruntime")], db=tmp_path / "m.db",
+                      max_region_size=1, timing=FAST, graph_level=False, progress=False, log=lines.append)
+    rep = res.report
+    assert rep["outputs_match"] and {p["backend"] for p in rep["partitions"]} == {"onnxruntime"}
+    said = [x for x in lines if "test-raise" in x and "failed" in x]
+    assert len(said) == 1 and said[0].startswith("systematic failure: test-raise: ")
+    assert "this backend always fails to compile" in said[0]
+    (s,) = rep["systematic_failures"]
+    assert s["backend"] == "test-raise" and s["count"] == s["of"] > 1
+    assert rep["invalid_by_backend"]["onnxruntime"]["invalid"] == 0
 
 
 def test_no_plan_at_all_is_one_line_without_traceback(tmp_path, capsys):
@@ -157,7 +174,7 @@ def test_every_command_on_every_corpus_model(name, tmp_path, capsys):
     assert "Traceback" not in out.err
     assert json.loads(rep.read_text())["outputs_match"]
     rc = main(["collect", "--models", str(p), "--backends", "onnxruntime", "--db", str(tmp_path / "c.db"),
-               "--max-region-size", "1", "--max-candidates", "4", "--no-progress"])
+               "--max-region-size", "1", "--max-candidates", "2", "--no-progress"])
     out = capsys.readouterr()
     assert rc == 0, out.err
     assert "Traceback" not in out.err and "measured" in out.out

@@ -30,7 +30,7 @@ from collage_ml.measure.timing import Tolerance, TimingConfig
 from collage_ml.plan import Plan, PlacedModel
 from collage_ml.search.dp import NoCoverError, solve
 from collage_ml.search.evolutionary import EvoConfig, GraphLevelSearch
-from collage_ml.search.failures import FailureLog, no_cover_reason
+from collage_ml.search.failures import FailureLog, no_cover_reason, uncovered_nodes
 from collage_ml.search.guided import GuidedConfig, GuidedSession
 
 MODES = ("exhaustive", "guided")
@@ -149,7 +149,12 @@ def _place(graph, backends, mode, db, *, max_region_size, threads, timing, toler
                 f"{', '.join(b.name for b in backends)}")
             guide = None
             fallback = None  # why no finer plan than one backend for the whole model exists
-            if mode == "guided":
+            # a node no backend supports cannot be covered whatever the measurements say: straight to the fallback
+            if uncovered_nodes(graph, cands, {c.key: 1.0 for c in cands}):
+                fallback = no_cover_reason(graph, cands, {c.key: 1.0 for c in cands}, None, backends)
+                failures = FailureLog(graph)
+                cost_of, dp, t_dp = {}, None, time.perf_counter()
+            elif mode == "guided":
                 guide = GuidedSession(graph, cands, baselines, runner, database, cost_model, ref, progress, say,
                                       replace(guided_config or GuidedConfig(),
                                               **({} if measure_budget is None else {"measure_budget": measure_budget})))
@@ -186,7 +191,7 @@ def _place(graph, backends, mode, db, *, max_region_size, threads, timing, toler
             # a backend failing most candidates the same way is said once, not candidate by candidate
             for line in failures.summary_lines():
                 say(f"systematic failure: {line}")
-            if guide is None:
+            if guide is None and fallback is None:
                 t_dp = time.perf_counter()
                 try:
                     dp = solve(graph, cands, [cost_of[c.key] for c in cands], boundary)
@@ -243,9 +248,11 @@ def _place(graph, backends, mode, db, *, max_region_size, threads, timing, toler
             evo = None
             region_names = [b.name for b in backends if any(pt.kind == "region" for pt in b.patterns)]
             if dp is None and not results:
-                raise CollageError(f"no plan: {fallback}, and no backend ran the whole model ("
-                                   + "; ".join(f"{c.backend.name}: {failures.errors.get(c.backend.name, {}).get(c.key)}"
-                                               for c in baselines) + ")")
+                tried = "; ".join(f"{c.backend.name}: {failures.errors.get(c.backend.name, {}).get(c.key)}"
+                                  for c in baselines)
+                raise CollageError(f"no plan: {fallback}, and "
+                                   + (f"no backend ran the whole model ({tried})" if tried else
+                                      "no backend supports the whole model"))
             if graph_level and region_names and dp is not None and results["op-level"].get("valid"):
                 evo = _graph_level(runner, graph, dp_plan, backends, region_names, plans, results, ref,
                                    cost_of, table, evo_config, say, guide)

@@ -154,9 +154,10 @@ def _zoo_source_digest() -> str:
     return h.hexdigest()[:16]
 
 
-#: models below this default-domain opset are converted up to it with ``onnx.version_converter``: the
-#: backends' converters (torch's mapping, OpenVINO, TVM) are built and tested against modern opsets, and
-#: deprecated ops such as opset-9 ``Upsample`` only exist in the old ones
+#: models below this default-domain opset are converted to :data:`TARGET_OPSET` with ``onnx.version_converter``:
+#: their ops include forms the backends' converters (torch's mapping, TVM) lack or handle poorly (opset-9
+#: ``Upsample``, attribute-form ``Slice`` and ``Pad``); from opset 11 on the backends handle the file's own opset
+CONVERT_BELOW_OPSET = 11
 TARGET_OPSET = 13
 #: constant subexpressions are folded into initializers only up to this many bytes of results
 FOLD_MAX_BYTES = 256 << 20
@@ -180,8 +181,9 @@ def from_onnx(
     and the IR version is raised to at least 4; ``Constant`` nodes and
     constant subexpressions (e.g. weights made by ``ConstantOfShape``) become
     initializers; unused initializers are dropped; nodes are sorted; and a
-    default-domain opset below :data:`TARGET_OPSET` is converted up to it
-    when the converted model gives the same outputs on onnxruntime. Each
+    default-domain opset below :data:`CONVERT_BELOW_OPSET` is converted to
+    :data:`TARGET_OPSET` when the converted model gives the same outputs on
+    onnxruntime. Each
     change is listed in ``Graph.import_notes``.
     """
     try:
@@ -209,7 +211,7 @@ def _from_onnx(model: onnx.ModelProto, input_shapes: Mapping[str, Sequence[int]]
         _pin_inputs(m, {})
     m, tensors = _normalise(m, notes)
     opset = _default_opset(m)
-    if opset is not None and opset < TARGET_OPSET:
+    if opset is not None and opset < CONVERT_BELOW_OPSET:
         converted = _convert_opset(m, opset, notes)
         if converted is not None:
             m, tensors = converted

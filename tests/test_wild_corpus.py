@@ -115,6 +115,11 @@ def test_no_cover_falls_back_to_the_whole_model_and_says_why(tmp_path):
     assert any(x.startswith("no finer plan: no valid candidate covers node 'softmax'") for x in lines)
     # known before measuring: only the whole model was measured, no candidate
     assert rep["measurements"] == 1
+    # guided mode takes the same way out, and its report still has what the CLI prints
+    res = tuner.place(g, backends=[NoSoftmaxFixture()], mode="guided", db=tmp_path / "m.db", max_region_size=1,
+                      timing=FAST, graph_level=False, progress=False)
+    assert res.report["chosen"] == "all-test-no-softmax" and res.report["guided"]["rounds"] == 0
+    assert res.report["outputs_match"] and res.report["fallback"] == rep["fallback"]
 
 
 def test_systematic_failure_is_said_once_and_the_plan_still_comes(tmp_path):

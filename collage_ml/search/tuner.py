@@ -303,7 +303,10 @@ def _place(graph, backends, mode, db, *, max_region_size, threads, timing, toler
                 "pruned": guide.result.pruned if guide else 0,
                 "model_updates": guide.feedback.updates if guide else 0,
                 "cost_model": guide.source if guide else None,
-                "guided": guide.summary() if guide else None,
+                "guided": guide.summary() if guide else (
+                    # guided mode that never reached the guided loop (a node no backend supports)
+                    {"rounds": 0, "new_measurements": 0, "fell_back_to_exhaustive": False, "budget_hit": False}
+                    if mode == "guided" else None),
                 "baselines_predicted_ms": baseline_pred_ms,
                 "cache_hits": runner.cache_hits,
                 "candidates": len(cands),

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import abc
 import importlib.metadata
+import weakref
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
@@ -210,6 +211,59 @@ def require_float32_inputs(backend: str, sg: SubGraph) -> None:
     for n in sg.inputs:
         if sg.graph.tensors[n].elem_type != TensorProto.FLOAT:
             raise BackendError(f"{backend} runs float32 region inputs only; {n!r} of {sg} is not float32")
+
+
+# -- per-op support probes ----------------------------------------------------------------------
+#: (backend name, backend version, op key) -> None when the op compiled alone, else why not (one line)
+_OP_PROBES: dict[tuple, str | None] = {}
+#: graph -> {(backend name, node index): result}, so supports() stays a dict lookup after the first call
+_NODE_PROBES: "weakref.WeakKeyDictionary[Graph, dict[tuple[str, int], str | None]]" = weakref.WeakKeyDictionary()
+
+
+def op_key(graph: Graph, node: Node) -> tuple:
+    """What decides whether a backend can compile ``node``: domain, op, opset, attributes, and each
+    input's and output's dtype and rank (and whether an input is a constant). Not shapes nor names."""
+    opset = next((o.version for o in graph.opset_imports if o.domain == node.domain
+                  or (node.domain in ("", "ai.onnx") and o.domain in ("", "ai.onnx"))), 0)
+    ins = tuple((graph.tensors[t].elem_type, len(graph.tensors[t].shape), t in graph.initializers) if t else None
+                for t in node.inputs)
+    outs = tuple((graph.tensors[t].elem_type, len(graph.tensors[t].shape)) if t else None for t in node.outputs)
+    return (node.domain or "", node.op_type, int(opset), node.attr_key, ins, outs)
+
+
+def probe_op(backend: "Backend", graph: Graph, node: Node, compile_fn: Callable[[SubGraph], Any] | None = None) -> str | None:
+    """None when ``backend`` compiles ``node`` alone, else the error's first line.
+
+    Run once per backend (name and version) and :func:`op_key`, and cached for
+    the process, so a backend that cannot compile an op declines it in
+    ``supports()`` instead of failing every candidate that contains it at
+    measure time (as the TVM backend's ``_probe_node`` does). ``compile_fn``
+    (default: ``backend.compile(sg, threads=1)``) compiles the one-node subgraph
+    in this process; it must be safe to call here (no crash-prone compilers).
+    """
+    memo = _NODE_PROBES.setdefault(graph, {})
+    mk = (backend.name, node.index)
+    if mk in memo and graph.nodes[node.index] is node:
+        return memo[mk]
+    key = (backend.name, backend.version, op_key(graph, node))
+    if key not in _OP_PROBES:
+        try:
+            sg = graph.subgraph(1 << node.index)
+            exe = compile_fn(sg) if compile_fn is not None else backend.compile(sg, threads=1)
+            close = getattr(exe, "close", None)
+            if callable(close):
+                close()
+            _OP_PROBES[key] = None
+        except Exception as e:
+            _OP_PROBES[key] = describe(e, 200)
+    if graph.nodes[node.index] is node:
+        memo[mk] = _OP_PROBES[key]
+    return _OP_PROBES[key]
+
+
+def probe_failures(backend_name: str | None = None) -> dict[tuple, str]:
+    """The ops that failed their probe in this process: (backend, version, op key) -> reason."""
+    return {k: v for k, v in _OP_PROBES.items() if v is not None and (backend_name is None or k[0] == backend_name)}
 
 
 # -- registry --------------------------------------------------------------------------------

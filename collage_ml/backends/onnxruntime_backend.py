@@ -50,7 +50,7 @@ import threading
 from typing import Any, Sequence
 
 
-from collage_ml.backends.base import Backend, Executable, configured_name, register_backend, to_numpy
+from collage_ml.backends.base import Backend, Executable, configured_name, probe_op, register_backend, to_numpy
 from collage_ml.backends.patterns import RegionPattern
 from collage_ml.errors import BackendError, first_line
 from collage_ml.ir.graph import Graph, Node, SubGraph
@@ -222,7 +222,28 @@ class OnnxRuntimeBackend(Backend):
         return self._patterns
 
     def supports(self, graph: Graph, node: Node) -> bool:
-        return node.domain in ORT_DOMAINS
+        # an op (with its attributes, dtypes and opset) that onnxruntime cannot build a session for is
+        # declined here once, instead of failing every candidate that contains it
+        return node.domain in ORT_DOMAINS and probe_op(self, graph, node, self._probe_session) is None
+
+    def _probe_session(self, sg: SubGraph):
+        """A CPU session for ``sg`` with this configuration's optimisation level, one thread of its own
+        (or the process's global pool, once one exists): the probe never creates the global pool."""
+        import onnxruntime as ort
+
+        so = ort.SessionOptions()
+        so.intra_op_num_threads = 1
+        so.inter_op_num_threads = 1
+        so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        so.graph_optimization_level = {
+            "none": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
+            "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+            "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
+            "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
+        }[self.opt_level]
+        so.log_severity_level = 3
+        fit_session_options(so)
+        return ort.InferenceSession(sg.to_onnx().SerializeToString(), so, providers=["CPUExecutionProvider"])
 
     def compile(self, sg: SubGraph, threads: int = 1) -> Executable:
         self.require()

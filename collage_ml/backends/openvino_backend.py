@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from collage_ml.backends.base import Backend, Executable, configured_name, register_backend, to_numpy
+from collage_ml.backends.base import Backend, Executable, configured_name, probe_op, register_backend, to_numpy
 from collage_ml.backends.patterns import RegionPattern
 from collage_ml.errors import BackendError, first_line
 from collage_ml.ir.graph import Graph, Node, SubGraph
@@ -155,7 +155,10 @@ class OpenVinoBackend(Backend):
         if node.domain not in ("", "ai.onnx") or node.op_type not in SUPPORTED_OPS:
             return False
         # OpenVINO has no f64 CPU kernels for most ops; keep to the dtypes the zoo uses
-        return all(graph.tensors[t].elem_type in (1, 6, 7, 9) for t in node.outputs if t)
+        if not all(graph.tensors[t].elem_type in (1, 6, 7, 9) for t in node.outputs if t):
+            return False
+        # an op (attributes, dtypes, opset) OpenVINO's ONNX frontend or CPU plugin rejects is declined once
+        return probe_op(self, graph, node) is None
 
     def compile(self, sg: SubGraph, threads: int = 1) -> Executable:
         self.require()
@@ -173,10 +176,11 @@ class OpenVinoBackend(Backend):
             compiled = self.core.compile_model(model, "CPU", props)
         except Exception as e:
             raise BackendError(f"openvino could not compile {sg}: {first_line(e)}") from None
-        names = [o.get_any_name() for o in compiled.inputs]
-        if list(names) != list(sg.inputs):
-            # inputs come back in the model's declared order; map defensively
-            order = {n: i for i, n in enumerate(names)}
-            if set(order) != set(sg.inputs):
-                raise BackendError(f"openvino renamed the inputs of {sg}: {names} vs {list(sg.inputs)}")
+        # inputs are fed by position, in the model's declared order; a port can carry several names (an
+        # input passed straight through, e.g. by Dropout or Identity, may carry only the next tensor's name)
+        ports = [set(o.get_names()) for o in compiled.inputs]
+        ins = set(sg.inputs)
+        if len(ports) != len(sg.inputs) or any(t not in p and p & ins for t, p in zip(sg.inputs, ports)):
+            names = [sorted(p) for p in ports]
+            raise BackendError(f"openvino renamed the inputs of {sg}: {names} vs {list(sg.inputs)}")
         return OpenVinoExecutable(compiled, sg.inputs, sg.outputs)

@@ -141,6 +141,8 @@ class Graph:
         )
         self.opset_imports = tuple(model.opset_import)
         self._reference_cache: dict[int, dict[str, np.ndarray]] = {}
+        #: what the importer changed to make the model searchable (IR version, opset, folded constants...)
+        self.import_notes: list[str] = []
 
     # -- structure -----------------------------------------------------------------
     def __len__(self) -> int:

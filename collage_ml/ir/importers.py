@@ -20,6 +20,7 @@ import io
 import logging
 import os
 import warnings
+from collections import Counter
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -27,7 +28,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from collage_ml.errors import ModelError, UnsupportedModelError, first_line
+from collage_ml.errors import CollageError, ModelError, UnsupportedModelError, describe, first_line
 from collage_ml.ir.graph import Graph, TensorInfo, _toposort, run_onnx
 
 
@@ -153,13 +154,52 @@ def _zoo_source_digest() -> str:
     return h.hexdigest()[:16]
 
 
+#: models below this default-domain opset are converted to :data:`TARGET_OPSET` with ``onnx.version_converter``:
+#: their ops include forms the backends' converters (torch's mapping, TVM) lack or handle poorly (opset-9
+#: ``Upsample``, attribute-form ``Slice`` and ``Pad``); from opset 11 on the backends handle the file's own opset
+CONVERT_BELOW_OPSET = 11
+TARGET_OPSET = 13
+#: constant subexpressions are folded into initializers only up to this many bytes of results
+FOLD_MAX_BYTES = 256 << 20
+#: ops folded when every input is a constant: generators of weights and shape/data-movement ops, as old
+#: exporters wrote them (ConstantOfShape biases, Concat-ed Resize scales). Arithmetic on constants (e.g. a
+#: Gemm of a constant initial state) stays a node, as it always was, so zoo graphs keep their shape
+_FOLDABLE = frozenset(
+    """ConstantOfShape Concat Shape Size Gather Unsqueeze Squeeze Reshape Flatten Cast Range Slice Identity
+    Expand Tile Transpose Split""".split()
+)
+
+
 def from_onnx(
     model: onnx.ModelProto, *, input_shapes: Mapping[str, Sequence[int]] | None = None, name: str = "model"
 ) -> Graph:
-    """Builds a Graph from an ONNX model: pins inputs, folds ``Constant`` nodes, infers every shape."""
+    """Builds a Graph from an ONNX model: normalises it, pins inputs, folds constants, infers every shape.
+
+    What the search needs is normalised here, so every emitted subgraph passes
+    the checker and runs on the reference: initializers listed among the graph
+    inputs (IR version 3 requires that) are constants and leave the input list,
+    and the IR version is raised to at least 4; ``Constant`` nodes and
+    constant subexpressions (e.g. weights made by ``ConstantOfShape``) become
+    initializers; unused initializers are dropped; nodes are sorted; and a
+    default-domain opset below :data:`CONVERT_BELOW_OPSET` is converted to
+    :data:`TARGET_OPSET` when the converted model gives the same outputs on
+    onnxruntime. Each
+    change is listed in ``Graph.import_notes``.
+    """
+    try:
+        return _from_onnx(model, input_shapes, name)
+    except CollageError:
+        raise
+    except Exception as e:  # anything else from onnx or onnxruntime on a strange file: one line, not a traceback
+        raise ModelError(f"could not import the model: {describe(e)}") from e
+
+
+def _from_onnx(model: onnx.ModelProto, input_shapes: Mapping[str, Sequence[int]] | None, name: str) -> Graph:
     m = onnx.ModelProto()
     m.CopyFrom(model)
+    notes: list[str] = []
     _check_supported(m)
+    _normalise_ir(m, notes)
     if input_shapes:
         _pin_inputs(m, input_shapes)
         # shapes recorded for the old input shapes are stale now
@@ -169,10 +209,31 @@ def from_onnx(
                 d.Clear()
     else:
         _pin_inputs(m, {})
+    m, tensors = _normalise(m, notes)
+    opset = _default_opset(m)
+    if opset is not None and opset < CONVERT_BELOW_OPSET:
+        converted = _convert_opset(m, opset, notes)
+        if converted is not None:
+            m, tensors = converted
+    try:
+        onnx.checker.check_model(m)
+    except Exception as e:
+        raise ModelError(f"invalid ONNX model: {first_line(e)}") from None
+    graph = Graph(m, tensors, name=name)
+    graph.import_notes = notes
+    return graph
+
+
+def _normalise(m: onnx.ModelProto, notes: list[str]) -> tuple[onnx.ModelProto, dict[str, TensorInfo]]:
+    """Folds constants, sorts nodes, infers and records every tensor's static type."""
     _fold_constant_nodes(m)
     ordered = _toposort(m.graph)  # the checker wants sorted nodes; ONNX files need not be
+    if [tuple(n.output) for n in ordered] != [tuple(n.output) for n in m.graph.node]:
+        notes.append("nodes sorted topologically")
     del m.graph.node[:]
     m.graph.node.extend(ordered)
+    _fold_constant_subexpressions(m, notes)
+    _drop_unused_initializers(m, notes)
     try:
         m = onnx.shape_inference.infer_shapes(m, data_prop=True)
     except Exception as e:
@@ -184,11 +245,153 @@ def from_onnx(
         tensors.update(_observe_types(m, tensors, needed))
     # record the full static types in the model, so SubGraph.to_onnx and backends see them
     _write_value_info(m, tensors)
+    return m, tensors
+
+
+def _normalise_ir(m: onnx.ModelProto, notes: list[str]) -> None:
+    """Initializers listed as graph inputs are constants: they leave the inputs; the IR version becomes >= 4.
+
+    Before IR version 4 every initializer had to be a graph input too, so a
+    subgraph emitted with the old IR version and a weight fails the checker.
+    From IR 4 on, an initializer that is also an input is a default value;
+    collage-ml has always treated it as a constant, and now says so in the file.
+    """
+    inits = {t.name for t in m.graph.initializer}
+    listed = [vi for vi in m.graph.input if vi.name in inits]
+    if listed:
+        keep = [vi for vi in m.graph.input if vi.name not in inits]
+        del m.graph.input[:]
+        m.graph.input.extend(keep)
+        notes.append(f"{len(listed)} initializer(s) listed as graph inputs are constants (removed from the inputs)")
+    if m.ir_version < 4:
+        notes.append(f"IR version {m.ir_version} -> 4")
+        m.ir_version = 4
+
+
+def _default_opset(m: onnx.ModelProto) -> int | None:
+    for o in m.opset_import:
+        if o.domain in ("", "ai.onnx"):
+            return int(o.version)
+    return None
+
+
+def _convert_opset(
+    m: onnx.ModelProto, opset: int, notes: list[str]
+) -> tuple[onnx.ModelProto, dict[str, TensorInfo]] | None:
+    """``m`` converted to :data:`TARGET_OPSET`, re-normalised, when it gives the same outputs; else None."""
+    from onnx import version_converter
+
+    before = Counter(n.op_type for n in m.graph.node)
     try:
-        onnx.checker.check_model(m)
+        c = version_converter.convert_version(m, TARGET_OPSET)
+        if c.ir_version < m.ir_version:
+            c.ir_version = m.ir_version
+        sub: list[str] = []
+        c, tensors = _normalise(c, sub)
+        onnx.checker.check_model(c)
+        why = _same_outputs(m, c)
     except Exception as e:
-        raise ModelError(f"invalid ONNX model: {first_line(e)}") from None
-    return Graph(m, tensors, name=name)
+        notes.append(f"opset {opset} kept: onnx.version_converter to {TARGET_OPSET} failed ({first_line(e, 160)})")
+        return None
+    if why:
+        notes.append(f"opset {opset} kept: the model converted to opset {TARGET_OPSET} {why}")
+        return None
+    after = Counter(n.op_type for n in c.graph.node)
+    changed = sorted(set(before) ^ set(after))
+    notes.append(f"opset {opset} -> {TARGET_OPSET} (onnx.version_converter"
+                 + (f"; ops now {', '.join(f'{k}:{before.get(k, 0)}->{after.get(k, 0)}' for k in changed)})"
+                    if changed else ")"))
+    return c, tensors
+
+
+def _same_outputs(a: onnx.ModelProto, b: onnx.ModelProto) -> str | None:
+    """None when ``a`` and ``b`` give the same outputs on onnxruntime for seeded inputs; else why not."""
+    feeds = _seeded_feeds(a)
+    if set(_seeded_feeds(b)) != set(feeds):
+        return "has other inputs"
+    names = [o.name for o in a.graph.output]
+    if [o.name for o in b.graph.output] != names:
+        return "has other outputs"
+    ra = run_onnx(a, feeds, names)
+    rb = run_onnx(b, feeds, names)
+    for n in names:
+        x, y = np.asarray(ra[n]), np.asarray(rb[n])
+        if x.shape != y.shape or x.dtype != y.dtype:
+            return f"gives {n!r} as {y.dtype}{list(y.shape)}, not {x.dtype}{list(x.shape)}"
+        if not np.allclose(x, y, rtol=1e-4, atol=1e-5, equal_nan=True):
+            return f"gives other values for {n!r}"
+    return None
+
+
+def _seeded_feeds(m: onnx.ModelProto) -> dict[str, np.ndarray]:
+    inits = {t.name for t in m.graph.initializer}
+    rng = np.random.default_rng(0)
+    feeds = {}
+    for vi in m.graph.input:
+        if vi.name in inits:
+            continue
+        dt = np.dtype(helper.tensor_dtype_to_np_dtype(vi.type.tensor_type.elem_type))
+        shape = [int(d) for d in _dims(vi)]
+        feeds[vi.name] = (rng.standard_normal(shape).astype(dt) if np.issubdtype(dt, np.floating)
+                          else rng.integers(0, 2 if dt == np.bool_ else 10, shape).astype(dt))
+    return feeds
+
+
+def _fold_constant_subexpressions(m: onnx.ModelProto, notes: list[str]) -> None:
+    """Nodes whose every input is a constant (e.g. ``ConstantOfShape`` making a bias) become initializers.
+
+    Only :data:`_FOLDABLE` ops fold; they are evaluated once on onnxruntime.
+    Nodes producing a graph output stay.
+    """
+    const = {t.name for t in m.graph.initializer}
+    outs = {o.name for o in m.graph.output}
+    fold, rest = [], []
+    for nd in m.graph.node:  # sorted: a chain of constant nodes folds in one pass
+        if (nd.domain in ("", "ai.onnx") and nd.op_type in _FOLDABLE and nd.input
+                and all(not t or t in const for t in nd.input) and not any(t in outs for t in nd.output)
+                and not any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in nd.attribute)):
+            fold.append(nd)
+            const.update(t for t in nd.output if t)
+        else:
+            rest.append(nd)
+    if not fold:
+        return
+    made = {t for nd in fold for t in nd.output if t}
+    wanted = list(dict.fromkeys(t for nd in rest for t in nd.input if t in made))
+    if not wanted:
+        values = {}
+    else:
+        sub = helper.make_model(
+            helper.make_graph(fold, "fold", [], [onnx.ValueInfoProto(name=t) for t in wanted],
+                              initializer=list(m.graph.initializer)),
+            opset_imports=list(m.opset_import),
+        )
+        sub.ir_version = max(m.ir_version, 4)
+        try:
+            values = run_onnx(sub, {}, wanted)
+        except Exception as e:
+            notes.append(f"{len(fold)} constant node(s) left unfolded: onnxruntime could not evaluate them "
+                         f"({first_line(e, 160)})")
+            return
+        if sum(np.asarray(v).nbytes for v in values.values()) > FOLD_MAX_BYTES:
+            notes.append(f"{len(fold)} constant node(s) left unfolded: their results exceed {FOLD_MAX_BYTES >> 20} MiB")
+            return
+    for t in wanted:
+        m.graph.initializer.append(numpy_helper.from_array(np.asarray(values[t]), t))
+    del m.graph.node[:]
+    m.graph.node.extend(rest)
+    ops = Counter(nd.op_type for nd in fold)
+    notes.append(f"{len(fold)} constant node(s) folded into initializers ("
+                 + ", ".join(f"{k} x{v}" for k, v in ops.most_common()) + ")")
+
+
+def _drop_unused_initializers(m: onnx.ModelProto, notes: list[str]) -> None:
+    used = {t for nd in m.graph.node for t in nd.input} | {o.name for o in m.graph.output}
+    keep = [t for t in m.graph.initializer if t.name in used]
+    if len(keep) != len(m.graph.initializer):
+        notes.append(f"{len(m.graph.initializer) - len(keep)} initializer(s) that no node reads dropped")
+        del m.graph.initializer[:]
+        m.graph.initializer.extend(keep)
 
 
 def _check_supported(m: onnx.ModelProto) -> None:

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 from collage_ml.candidates import Candidate
+from collage_ml.errors import CollageError
 from collage_ml.ir.graph import Graph, iter_bits
 
 BoundaryFn = Callable[[str, str, int], float]
@@ -50,8 +51,8 @@ class DPResult:
     per_candidate: list[float] = field(default_factory=list)
 
 
-class NoCoverError(Exception):
-    """No combination of the valid candidates covers the graph."""
+class NoCoverError(CollageError):
+    """No combination of the valid candidates covers the graph (a user-facing error: one line in the CLI)."""
 
 
 @dataclass(frozen=True)

@@ -312,6 +312,9 @@ class GuidedSession:
         self.result: GuidedResult | None = None
         self._pred: dict = {}
         self.e2e_skipped = 0
+        from collage_ml.search.failures import FailureLog
+
+        self.failures = FailureLog(graph)
 
     def _predict(self, cands) -> None:
         todo = [c for c in cands if c.key not in self._pred]
@@ -386,6 +389,7 @@ class GuidedSession:
                 out[c.key] = m.median if m.valid else None
                 pairs.append((c, m))
             self.feedback.add(pairs)
+            self.failures.add(pairs)
             return out
 
         try:

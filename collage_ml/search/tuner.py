@@ -22,15 +22,16 @@ from collage_ml.candidates import Candidate, enumerate_candidates
 from collage_ml.cost import CandidateKey
 from collage_ml.db import default_db_path
 from collage_ml.defaults import MAX_REGION_SIZE
-from collage_ml.errors import CollageError
+from collage_ml.errors import CollageError, describe
 from collage_ml.ir.graph import Graph
 from collage_ml.measure.boundary import BoundaryTable, measure_boundaries
 from collage_ml.measure.e2e import measure_plan
 from collage_ml.measure.runner import Runner
 from collage_ml.measure.timing import Tolerance, TimingConfig
 from collage_ml.plan import Plan, PlacedModel
-from collage_ml.search.dp import solve
+from collage_ml.search.dp import NoCoverError, solve
 from collage_ml.search.evolutionary import EvoConfig, GraphLevelSearch
+from collage_ml.search.failures import FailureLog, no_cover_reason, uncovered_nodes
 from collage_ml.search.guided import GuidedConfig, GuidedSession
 
 MODES = ("exhaustive", "guided")
@@ -102,7 +103,27 @@ def place(
     measure_budget: int | None = None,
     guided_config: GuidedConfig | None = None,
 ) -> PlaceResult:
-    """Places ``graph`` on ``backends`` (default: the CPU default set). See the module docstring."""
+    """Places ``graph`` on ``backends`` (default: the CPU default set). See the module docstring.
+
+    When no combination of valid candidates covers the graph, the plan is the
+    whole model on the fastest backend that ran it (onnxruntime is always
+    tried: it ran the reference), and ``report["fallback"]`` says why nothing
+    finer was possible. Any error from the search reaches the caller as a
+    :class:`CollageError` (one line in the CLI), never as a bare exception.
+    """
+    try:
+        return _place(graph, backends, mode, db, max_region_size=max_region_size, threads=threads, timing=timing,
+                      tolerance=tolerance, timeout=timeout, progress=progress, family=family, log=log,
+                      graph_level=graph_level, evo_config=evo_config, cost_model=cost_model,
+                      measure_budget=measure_budget, guided_config=guided_config)
+    except (CollageError, ValueError, KeyboardInterrupt):
+        raise
+    except Exception as e:
+        raise CollageError(f"placement of {graph.name} failed: {describe(e)} (--debug shows the traceback)") from e
+
+
+def _place(graph, backends, mode, db, *, max_region_size, threads, timing, tolerance, timeout, progress, family, log,
+           graph_level, evo_config, cost_model, measure_budget, guided_config) -> PlaceResult:
     if mode not in MODES:
         raise CollageError(f"unknown mode {mode!r}; available: {', '.join(MODES)}")
     if max_region_size < 1:
@@ -117,6 +138,8 @@ def place(
         with Runner(db=database, threads=threads, timing=timing, tolerance=tolerance, timeout=timeout,
                     family=family or graph.name) as runner:
             ref = graph.reference()
+            for note in graph.import_notes:
+                say(f"import: {note}")
             cands = list(enumerate_candidates(graph, backends, max_region_size=max_region_size))
             whole = graph.whole()
             # every backend that supports every node gets its whole-model baseline measured natively
@@ -126,7 +149,13 @@ def place(
             say(f"{graph.name}: {len(graph)} nodes, {len(cands)} candidates ({uniq} distinct) on "
                 f"{', '.join(b.name for b in backends)}")
             guide = None
-            if mode == "guided":
+            fallback = None  # why no finer plan than one backend for the whole model exists
+            # a node no backend supports cannot be covered whatever the measurements say: straight to the fallback
+            if uncovered_nodes(graph, cands, {c.key: 1.0 for c in cands}):
+                fallback = no_cover_reason(graph, cands, {c.key: 1.0 for c in cands}, None, backends)
+                failures = FailureLog(graph)
+                cost_of, dp, t_dp = {}, None, time.perf_counter()
+            elif mode == "guided":
                 guide = GuidedSession(graph, cands, baselines, runner, database, cost_model, ref, progress, say,
                                       replace(guided_config or GuidedConfig(),
                                               **({} if measure_budget is None else {"measure_budget": measure_budget})))
@@ -134,11 +163,13 @@ def place(
                 t_dp = time.perf_counter()
                 g = guide.op_level(boundary)
                 dp = g.dp
-                if dp is None:
-                    raise CollageError("guided placement could not cover the graph with measured candidates "
-                                       "(raise measure_budget, or use mode='exhaustive')")
+                failures = guide.failures
                 cost_of = {c.key: g.measured.get(c.key) for c in todo if c.key in g.measured}
                 table = guide.table
+                if dp is None:
+                    fallback = no_cover_reason(graph, cands, g.measured, failures, backends)
+                    if g.budget_hit:
+                        fallback += " (measure_budget ran out: raise it, or use mode='exhaustive')"
             else:
                 table = BoundaryTable(measure_boundaries(runner, backends))
                 boundary = table.seconds
@@ -156,14 +187,35 @@ def place(
                 finally:
                     bar.close()
                 cost_of = {c.key: (m.median if m.valid else None) for c, m in zip(todo, ms)}
-            if guide is None:
+                failures = FailureLog(graph)
+                failures.add(zip(todo, ms))
+            # a backend failing most candidates the same way is said once, not candidate by candidate
+            for line in failures.summary_lines():
+                say(f"systematic failure: {line}")
+            if guide is None and fallback is None:
                 t_dp = time.perf_counter()
-                dp = solve(graph, cands, [cost_of[c.key] for c in cands], boundary)
+                try:
+                    dp = solve(graph, cands, [cost_of[c.key] for c in cands], boundary)
+                except NoCoverError:
+                    dp = None
+                    fallback = no_cover_reason(graph, cands, cost_of, failures, backends)
             dp_seconds = time.perf_counter() - t_dp
             common = dict(hardware=runner.hardware, threads=runner.threads,
                           versions={k: v for b in backends for k, v in b.versions().items()})
-            dp_plan = Plan.from_candidates(graph, dp.choice, dp.per_candidate, predicted_ms=dp.cost * 1e3, **common)
-            plans: dict[str, Plan] = {"op-level": dp_plan}
+            plans: dict[str, Plan] = {}
+            dp_plan = None
+            if dp is not None:
+                dp_plan = Plan.from_candidates(graph, dp.choice, dp.per_candidate, predicted_ms=dp.cost * 1e3,
+                                               **common)
+                plans["op-level"] = dp_plan
+            else:
+                say(f"no finer plan: {fallback}; trying the whole model on each backend")
+                baselines = baselines + _fallback_baselines(graph, backends, baselines)
+                need = list({c.key: c for c in baselines if c.key not in cost_of}.values())
+                if need:
+                    ms = runner.measure(need, ref)
+                    failures.add(zip(need, ms))
+                    cost_of.update({c.key: (m.median if m.valid else None) for c, m in zip(need, ms)})
             baseline_ms: dict[str, float | None] = {b.name: None for b in backends}
             baseline_pred_ms: dict[str, float] = {}
             for c in baselines:
@@ -171,7 +223,7 @@ def place(
                 baseline_ms[c.backend.name] = None if cst is None else cst * 1e3
                 if cst is not None:
                     plans[f"all-{c.backend.name}"] = Plan.single(graph, c.backend, predicted_ms=cst * 1e3, **common)
-                elif guide is not None and c.key not in g.measured:
+                elif guide is not None and dp is not None and c.key not in g.measured:
                     # not measured as a kernel: judged end to end only if the model says it may win
                     est = guide.whole_model_estimate(c)
                     if est is not None:
@@ -196,7 +248,13 @@ def place(
             results, e2e_count = _measure_plans_e2e(runner, graph, plans, ref, say, known_plans)
             evo = None
             region_names = [b.name for b in backends if any(pt.kind == "region" for pt in b.patterns)]
-            if graph_level and region_names and results["op-level"].get("valid"):
+            if dp is None and not results:
+                tried = "; ".join(f"{c.backend.name}: {failures.errors.get(c.backend.name, {}).get(c.key)}"
+                                  for c in baselines)
+                raise CollageError(f"no plan: {fallback}, and "
+                                   + (f"no backend ran the whole model ({tried})" if tried else
+                                      "no backend supports the whole model"))
+            if graph_level and region_names and dp is not None and results["op-level"].get("valid"):
                 evo = _graph_level(runner, graph, dp_plan, backends, region_names, plans, results, ref,
                                    cost_of, table, evo_config, say, guide)
                 if evo.best is not None:
@@ -205,7 +263,8 @@ def place(
             valid = {k: v for k, v in results.items() if v.get("valid")}
             if not valid:
                 errors = "; ".join(f"{k}: {v.get('error_text')}" for k, v in results.items())
-                raise CollageError(f"no plan ran correctly end to end ({errors})")
+                raise CollageError(f"no plan ran correctly end to end ({errors})"
+                                   + (f"; no finer plan: {fallback}" if fallback else ""))
             best_label = min(valid, key=lambda k: valid[k]["median"])
             best = plans[best_label]
             best.measured_ms = valid[best_label]["median"] * 1e3
@@ -224,9 +283,14 @@ def place(
                 "backends": [b.name for b in backends],
                 "chosen": best_label,
                 "plan_latency_ms": best.measured_ms,
-                "op_level_predicted_ms": dp.cost * 1e3,
-                "op_level_ms": results["op-level"]["median"] * 1e3 if results["op-level"].get("valid") else None,
-                "op_level_plan": dp_plan.to_dict(),
+                "op_level_predicted_ms": dp.cost * 1e3 if dp is not None else None,
+                "op_level_ms": (results["op-level"]["median"] * 1e3
+                                if results.get("op-level", {}).get("valid") else None),
+                "op_level_plan": dp_plan.to_dict() if dp_plan is not None else None,
+                "fallback": fallback,
+                "import": list(graph.import_notes),
+                "invalid_by_backend": failures.by_backend(),
+                "systematic_failures": failures.systematic(),
                 "graph_level_ms": evo.best.seconds * 1e3 if evo is not None and evo.best is not None else None,
                 "generations": evo.generations if evo is not None else 0,
                 "e2e_measurements": (evo.e2e_measurements if evo is not None else 0) + e2e_count,
@@ -240,13 +304,16 @@ def place(
                 "pruned": guide.result.pruned if guide else 0,
                 "model_updates": guide.feedback.updates if guide else 0,
                 "cost_model": guide.source if guide else None,
-                "guided": guide.summary() if guide else None,
+                "guided": guide.summary() if guide else (
+                    # guided mode that never reached the guided loop (a node no backend supports)
+                    {"rounds": 0, "new_measurements": 0, "fell_back_to_exhaustive": False, "budget_hit": False}
+                    if mode == "guided" else None),
                 "baselines_predicted_ms": baseline_pred_ms,
                 "cache_hits": runner.cache_hits,
                 "candidates": len(cands),
                 "distinct_candidates": len({c.key for c in cands}),
-                "dp_states": dp.states,
-                "dp_limit_hit": dp.limit_hit,
+                "dp_states": dp.states if dp is not None else 0,
+                "dp_limit_hit": dp.limit_hit if dp is not None else False,
                 "dp_seconds": dp_seconds,
                 "search_seconds": time.perf_counter() - t_start,
                 "max_abs_error": check.max_abs,
@@ -268,6 +335,16 @@ def place(
     finally:
         if owned:
             database.close()
+
+
+def _fallback_baselines(graph: Graph, backends: Sequence[Backend], have: Sequence[Candidate]) -> list[Candidate]:
+    """Whole-model candidates for the fallback that the normal baselines lack: onnxruntime's always (it ran
+    the reference, so it may run the whole model even where its probe declined a node alone)."""
+    from collage_ml.backends.onnxruntime_backend import OnnxRuntimeBackend
+
+    whole = graph.whole()
+    return [Candidate(whole, b, "whole-model") for b in backends
+            if isinstance(b, OnnxRuntimeBackend) and not any(x.backend is b for x in have)]
 
 
 #: a plan slower than the first round's best by more than this fraction is not measured again in round two

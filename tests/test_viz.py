@@ -27,6 +27,19 @@ HW = "cpu-test-viz"
 A, B = FakeCostBackend("fake-a"), FakeCostBackend("fake-b")
 
 
+@pytest.fixture(scope="module", autouse=True)
+def registered_fakes():
+    """Saved plans name registered backends only (plan files are data): register the two test fixtures."""
+    from collage_ml.backends import base
+
+    for name in ("fake-a", "fake-b"):
+        base.register_backend(name, lambda name=name: FakeCostBackend(name))
+    yield
+    for name in ("fake-a", "fake-b"):
+        base._FACTORIES.pop(name, None)
+        base._INSTANCES.pop(name, None)
+
+
 @pytest.fixture(scope="module")
 def graph():
     return import_model("resnet50-tiny")

@@ -879,36 +879,45 @@ def _measure(
             for bi in sorted(groups):  # one backend per phase, in the order the backends were given
                 backend = p.backends[bi]
                 prog.phase(f"{work.label} · {backend.name}")
-                for mask, _, pattern, key in groups[bi]:
+                items = groups[bi]
+                pos = 0
+                while pos < len(items):  # in chunks: the protocol's passes spread each candidate's processes
                     if (why := stop_reason()) is not None:
                         summary.stopped = why
                         break
-                    c = Candidate(SubGraph(graph, mask), backend, pattern)
-                    if _key_tuple(c.key) != key:  # the re-imported graph must be the planned one
-                        raise CollageError(
-                            f"{work.label} changed between planning and measuring (a node set hashes differently); "
-                            "run collect again"
-                        )
-                    if runner.lookup(CandidateKey(*key)) is not None:  # another process measured it meanwhile
-                        summary.cache_hits += 1
-                        summary.by_backend[backend.name]["cache_hits"] += 1
+                    room = runner.timing.pass_chunk
+                    if max_candidates is not None:
+                        room = max(1, min(room, max_candidates - summary.measured))
+                    chunk = []
+                    while pos < len(items) and len(chunk) < room:
+                        mask, _, pattern, key = items[pos]
+                        pos += 1
+                        c = Candidate(SubGraph(graph, mask), backend, pattern)
+                        if _key_tuple(c.key) != key:  # the re-imported graph must be the planned one
+                            raise CollageError(
+                                f"{work.label} changed between planning and measuring (a node set hashes "
+                                "differently); run collect again"
+                            )
+                        if runner.lookup(CandidateKey(*key)) is not None:  # another process measured it meanwhile
+                            summary.cache_hits += 1
+                            summary.by_backend[backend.name]["cache_hits"] += 1
+                            done += 1
+                            prog.advance(summary)
+                            continue
+                        chunk.append(c)
+                    for c, m in zip(chunk, runner.measure_many(chunk, reference, work.family)):
                         done += 1
+                        if not getattr(m, "committed", True):  # refused: another process committed it first
+                            summary.cache_hits += 1
+                            summary.by_backend[backend.name]["cache_hits"] += 1
+                            prog.advance(summary)
+                            continue
+                        if feedback is not None:
+                            feedback.add([(c, m)])
+                        summary._record(backend.name, work.family, m.valid)
+                        if on_measurement is not None:
+                            on_measurement(m)
                         prog.advance(summary)
-                        continue
-                    before = runner.measured
-                    m = runner.measure_one(c, reference, work.family)
-                    done += 1
-                    if runner.measured == before:  # the database refused it: another process committed it first
-                        summary.cache_hits += 1
-                        summary.by_backend[backend.name]["cache_hits"] += 1
-                        prog.advance(summary)
-                        continue
-                    if feedback is not None:
-                        feedback.add([(c, m)])
-                    summary._record(backend.name, work.family, m.valid)
-                    if on_measurement is not None:
-                        on_measurement(m)
-                    prog.advance(summary)
                 if summary.stopped != "complete":
                     break
             if feedback is not None and feedback.flush(work.family):

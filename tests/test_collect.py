@@ -15,6 +15,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -280,10 +281,12 @@ def test_max_candidates_and_budget_are_respected(tmp_path, monkeypatch):
     assert s.measured == 3 and s.stopped == "max_candidates" and s.remaining == total - 3
     assert len(db_keys(path)) == 3
 
-    # a clock that jumps 61 s per measurement: a 2-minute budget allows exactly 2 more
+    # a clock that jumps 61 s per measurement: a 2-minute budget allows exactly 2 more (the budget is checked
+    # between chunks of the protocol's passes: chunks of one candidate here)
     now = [1000.0]
     monkeypatch.setattr(collect_mod, "_clock", lambda: now[0])
-    s = collect(**KW, db=path, budget_minutes=2, on_measurement=lambda m: now.__setitem__(0, now[0] + 61))
+    kw = {**KW, "timing": replace(FAST, pass_chunk=1)}
+    s = collect(**kw, db=path, budget_minutes=2, on_measurement=lambda m: now.__setitem__(0, now[0] + 61))
     assert s.measured == 2 and s.stopped == "budget" and s.cache_hits == 3
     assert len(db_keys(path)) == 5
 

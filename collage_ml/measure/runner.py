@@ -353,15 +353,15 @@ class Runner:
         """Measures each candidate (cache hits are not re-run); results align with ``candidates``.
 
         ``reference`` is :meth:`Graph.reference` of the candidates' graph.
-        ``on_result(candidate, measurement, cached)`` is called after each one.
+        ``on_result(candidate, measurement, cached)`` is called after each one. Candidates are measured
+        one backend per phase, in chunks of ``timing.pass_chunk``, by :meth:`measure_many`.
         """
         family = self.family if family is None else family
         results: dict[CandidateKey, Measurement] = {}
-        order = sorted(range(len(candidates)), key=lambda i: candidates[i].backend.name)  # one backend per phase
-        for i in order:
-            c = candidates[i]
+        todo: dict[str, dict[CandidateKey, Candidate]] = {}
+        for c in sorted(candidates, key=lambda c: c.backend.name):  # one backend per phase
             key = c.key
-            if key in results:
+            if key in results or key in todo.get(c.backend.name, {}):
                 continue
             cached = self.lookup(key)
             if cached is not None:
@@ -370,36 +370,72 @@ class Runner:
                 if on_result:
                     on_result(c, cached, True)
                 continue
-            m = self.measure_one(c, reference, family)
-            results[key] = m
-            if on_result:
-                on_result(c, m, False)
+            todo.setdefault(c.backend.name, {})[key] = c
+        step = max(1, self.timing.pass_chunk)
+        for group in todo.values():
+            group_list = list(group.values())
+            for k in range(0, len(group_list), step):
+                chunk = group_list[k:k + step]
+                for c, m in zip(chunk, self.measure_many(chunk, reference, family)):
+                    results[c.key] = m
+                    if on_result:
+                        on_result(c, m, False)
         return [results[c.key] for c in candidates]
 
-    def run_protocol(self, backends, task, timeout: float | None = None) -> dict:
-        """Runs ``task`` in as many of the pool's workers as the protocol asks (:mod:`.timing`) and combines
-        them: a result dict with ``median`` the minimum of the per-process medians, or the first failure."""
+    def _task(self, c: Candidate, reference: Mapping[str, np.ndarray]) -> Task:
+        feeds, expected = c.subgraph.reference_io(reference)
+        return Task(c.backend.spec(), c.subgraph.to_onnx(check=False).SerializeToString(), feeds, expected,
+                    self.threads, self.timing, self.tolerance)
+
+    def run_passes(self, backends, tasks: Sequence, timeout: float | None = None) -> list[dict]:
+        """Runs each task (all for ``backends``) by the protocol, in passes (:mod:`.timing`): pass ``p`` times
+        every task that still needs a process in the pool's worker ``p``, after the previous pass has gone
+        through all of them, so a candidate's processes lie seconds apart, not back to back. A task whose
+        two fastest processes agree (or that needs one process) is done. Returns one combined result per task
+        (``median``: the minimum of the per-process medians), or its first failure."""
         cfg = self.timing
-        runs: list[dict] = []
-        for i in range(max(1, cfg.max_processes)):
-            r = self.worker_for(backends, i).run(task, self.timeout if timeout is None else timeout)
-            if not r.get("valid"):
-                if runs and not r.get("failed"):
-                    r = {**r, "error_text": f"{r.get('error_text', '')} (in process {i + 1}; process 1 was valid)"}
-                return r
-            runs.append(r)
-            if len(runs) >= cfg.processes_for(runs[0]["median"]) and processes_agree([x["median"] for x in runs], cfg.agree):
-                break
-        return combine_runs(runs)
+        timeout = self.timeout if timeout is None else timeout
+        runs: list[list[dict]] = [[] for _ in tasks]
+        final: dict[int, dict] = {}
+        for p in range(max(1, cfg.max_processes)):
+            for i, task in enumerate(tasks):
+                if i in final:
+                    continue
+                rs = runs[i]
+                if rs and len(rs) >= cfg.processes_for(rs[0]["median"]) and processes_agree(
+                        [x["median"] for x in rs], cfg.agree):
+                    final[i] = combine_runs(rs)
+                    continue
+                t = task() if callable(task) else task
+                r = self.worker_for(backends, p).run(t, timeout)
+                if not r.get("valid"):
+                    if rs and not r.get("failed"):
+                        r = {**r, "error_text": f"{r.get('error_text', '')} (in process {p + 1}; process 1 was valid)"}
+                    final[i] = r
+                    continue
+                rs.append(r)
+        return [final[i] if i in final else combine_runs(runs[i]) for i in range(len(tasks))]
+
+    def run_protocol(self, backends, task, timeout: float | None = None) -> dict:
+        """:meth:`run_passes` for one task: its processes run back to back."""
+        return self.run_passes(backends, [task], timeout)[0]
+
+    def measure_many(self, chunk: Sequence[Candidate], reference: Mapping[str, np.ndarray], family: str = "") -> list[Measurement]:
+        """Measures ``chunk`` (candidates of one backend, none cached) in passes, commits each; in order."""
+        if not chunk:
+            return []
+        tasks = [lambda c=c: self._task(c, reference) for c in chunk]  # built per pass: feeds can be large
+        out = []
+        for c, r in zip(chunk, self.run_passes([chunk[0].backend], tasks)):
+            out.append(self._measurement(c, r, family))
+        return out
 
     def measure_one(self, c: Candidate, reference: Mapping[str, np.ndarray], family: str = "") -> Measurement:
+        """Measures one candidate now (its processes back to back) and commits it."""
+        return self.measure_many([c], reference, family)[0]
+
+    def _measurement(self, c: Candidate, r: dict, family: str) -> Measurement:
         sg = c.subgraph
-        feeds, expected = sg.reference_io(reference)
-        task = Task(
-            c.backend.spec(), sg.to_onnx(check=False).SerializeToString(), feeds, expected, self.threads,
-            self.timing, self.tolerance,
-        )
-        r = self.run_protocol([c.backend], task)
         m = Measurement(
             key=c.key,
             hardware=self.hardware,
@@ -435,6 +471,7 @@ class Runner:
     def record(self, m: Measurement) -> bool:
         """Commits ``m`` (when there is a database) and counts it if it was stored. True if stored."""
         stored = self.db.commit(m) if self.db is not None else True
+        m.committed = stored  # type: ignore[attr-defined]  (not a field: never stored)
         if stored:
             self.measured += 1
         else:

@@ -10,14 +10,18 @@ its key, so rows timed under another protocol are never mixed in silently):
   ``min_repeats`` samples and ``min_seconds`` of timing are in and the
   interquartile spread is under ``max_spread``, or until ``time_cap`` seconds
   or ``max_repeats`` samples. The process's value is the median sample.
-- *Across processes* (``measure.runner.Runner``): the candidate is timed in
-  at least ``processes`` separate worker processes (``long_processes`` for
-  candidates slower than ``long_seconds``), and in more, up to
+- *Across processes and time* (``measure.runner.Runner``): the candidate is
+  timed in at least ``processes`` separate worker processes (``long_processes``
+  for candidates slower than ``long_seconds``), and in more, up to
   ``max_processes``, until the two fastest per-process medians agree within
-  ``agree``. The latency is the minimum of the per-process medians; every
-  per-process value is recorded. On the 2-vCPU VMs this project runs on, a
-  kernel's latency has modes that hold for a whole process (README, "Noise"),
-  so more samples in one process cannot remove them, and another process can.
+  ``agree``. The processes of a batch run in passes over chunks of
+  ``pass_chunk`` candidates of one backend: every candidate's first process,
+  then every candidate's second, so one candidate's processes lie seconds
+  apart. The latency is the minimum of the per-process medians; every
+  per-process value is recorded. On the 2-vCPU VMs this project runs on,
+  multi-threaded kernels have slow episodes that last seconds (the second
+  vCPU is not there when a pool thread needs it; README, "Noise"), so more
+  samples in one window cannot remove them, and another window can.
 - *Contention*: the share of the timing window in which some task waited
   for a CPU (Linux PSI, ``/proc/pressure/cpu``) is recorded with each sample
   run; a window above ``max_pressure`` is re-timed up to
@@ -56,18 +60,19 @@ class TimingConfig:
     """The measurement protocol's parameters (module docstring). ``name`` goes into the database key."""
 
     warmup: int = 2
-    warmup_seconds: float = 0.01
+    warmup_seconds: float = 0.005
     min_repeats: int = 5
     max_repeats: int = 200
     max_spread: float = 0.05
     time_cap: float = 0.3
     min_sample_seconds: float = 1e-3
-    min_seconds: float = 0.03
+    min_seconds: float = 0.02
     processes: int = 2
     long_processes: int = 1
     long_seconds: float = 0.01
     max_processes: int = 3
     agree: float = 0.05
+    pass_chunk: int = 64
     max_pressure: float = 0.10
     contention_retries: int = 1
     name: str = PROTOCOL

@@ -22,7 +22,10 @@ Arms (one factor at a time):
 
 It also times a futex ping-pong between two threads on the two CPUs (C,
 compiled with ``cc`` when one is on PATH): the cost of waking a sleeping
-thread on the other CPU, with and without the QoS request.
+thread on the other CPU, with and without the QoS request. ``--timescale S``
+adds the time structure: one process times a 2-thread and a 1-thread ORT
+convolution and a 1-thread torch MatMul every ~0.65 s for S seconds, and
+reports the 2-thread kernel's slow episodes.
 """
 
 from __future__ import annotations
@@ -116,6 +119,69 @@ int main(void) { pthread_t t; pin(0); pthread_create(&t, 0, other, 0); usleep(10
   printf("\n"); return 0; }
 """
 
+TIMESCALE_CHILD = textwrap.dedent(
+    """
+    import json, sys, time
+    import numpy as np
+    import onnxruntime as ort
+    import torch
+    from onnx import helper, TensorProto, numpy_helper
+    rng = np.random.default_rng(0)
+    W = numpy_helper.from_array(rng.standard_normal((64, 64, 3, 3)).astype(np.float32), "W")
+    n = helper.make_node("Conv", ["x", "W"], ["y"], pads=[1, 1, 1, 1])
+    g = helper.make_graph([n], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64, 28, 28])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], [W])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
+    def sess(t):
+        so = ort.SessionOptions(); so.intra_op_num_threads = t; so.inter_op_num_threads = 1
+        so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        return ort.InferenceSession(m, so, providers=["CPUExecutionProvider"])
+    s1, s2 = sess(1), sess(2)
+    x = rng.standard_normal((1, 64, 28, 28)).astype(np.float32)
+    torch.set_num_threads(1); a = torch.randn(256, 256)
+    def tm(f, dur=0.05):
+        for _ in range(3):
+            f()
+        t0 = time.perf_counter(); k = 0
+        while time.perf_counter() - t0 < dur:
+            f(); k += 1
+        return (time.perf_counter() - t0) / k * 1e6
+    rows = []
+    end = time.time() + float(sys.argv[1])
+    while time.time() < end:
+        rows.append([time.time(), tm(lambda: s2.run(None, {"x": x})), tm(lambda: s1.run(None, {"x": x})), tm(lambda: a @ a)])
+        time.sleep(0.5)
+    print(json.dumps(rows))
+    """
+)
+
+
+def timescale(seconds: float) -> dict:
+    """One process times three kernels every ~0.65 s: a 2-thread and a 1-thread ORT conv, a 1-thread torch
+    MatMul. Returns their ranges and the 2-thread kernel's slow episodes (over 1.5x its minimum)."""
+    import numpy as np
+
+    r = subprocess.run([sys.executable, "-c", TIMESCALE_CHILD, str(seconds)], capture_output=True, text=True)
+    rows = np.array(json.loads(r.stdout))
+    out = {"samples": len(rows), "spacing_s": float(np.diff(rows[:, 0]).mean())}
+    for i, name in ((1, "ort_conv_2t"), (2, "ort_conv_1t"), (3, "torch_matmul_1t")):
+        v = rows[:, i]
+        out[name] = {"min_us": float(v.min()), "median_us": float(np.median(v)), "max_us": float(v.max())}
+    slow = rows[:, 1] > 1.5 * rows[:, 1].min()
+    episodes, run = [], 0
+    for flag in slow:
+        if flag:
+            run += 1
+        elif run:
+            episodes.append(run)
+            run = 0
+    if run:
+        episodes.append(run)
+    out["slow_share"] = float(slow.mean())
+    out["slow_episodes_s"] = [round(e * out["spacing_s"], 1) for e in episodes]
+    return out
+
+
 ARMS = {
     "1t": {"threads": 1},
     "1t-pinned": {"threads": 1, "pin_main": 1},
@@ -157,6 +223,8 @@ def main() -> None:
     ap.add_argument("--processes", type=int, default=6)
     ap.add_argument("--arms", default=",".join(ARMS))
     ap.add_argument("--json", default="benchmarks/results/noise_causes.json")
+    ap.add_argument("--timescale", type=float, default=0.0, metavar="SECONDS",
+                    help="also time three kernels every ~0.65 s for this long in one process (slow episodes)")
     args = ap.parse_args()
     import numpy as np
 
@@ -189,6 +257,11 @@ def main() -> None:
                   f"{arm[kind]['within_worst']:14.2f}x")
         arm["qos_held"] = all(r["qos_held"] for r in runs[n]) if ARMS[n].get("qos") else None
         report["arms"][n] = arm
+    if args.timescale > 0:
+        report["timescale"] = ts = timescale(args.timescale)
+        print(f"timescale ({ts['samples']} samples, every {ts['spacing_s']:.2f} s): "
+              + ", ".join(f"{k} {v['min_us']:.0f}-{v['max_us']:.0f} us" for k, v in ts.items() if isinstance(v, dict))
+              + f"; 2-thread slow {ts['slow_share']:.0%} of the time, episodes of {ts['slow_episodes_s']} s")
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps(report, indent=1))
 

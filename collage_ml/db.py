@@ -450,8 +450,8 @@ class Database:
         try:
             version = int(c.execute("PRAGMA user_version").fetchone()[0])
             if version < SCHEMA_VERSION:  # another process may have migrated it meanwhile
-                old = ", ".join(c for c in _MEASUREMENT_COLUMNS if c not in _V1_EXPR)
-                derived = ", ".join(_V1_EXPR[c] for c in _MEASUREMENT_COLUMNS if c in _V1_EXPR)
+                old = ", ".join(col for col in _MEASUREMENT_COLUMNS if col not in _V1_EXPR)
+                derived = ", ".join(_V1_EXPR[col] for col in _MEASUREMENT_COLUMNS if col in _V1_EXPR)
                 n = c.execute("SELECT COUNT(*) FROM measurements").fetchone()[0]
                 c.execute(_MEASUREMENTS_TABLE.replace("TABLE IF NOT EXISTS measurements", "TABLE measurements_v2"))
                 c.execute(

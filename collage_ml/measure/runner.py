@@ -416,10 +416,6 @@ class Runner:
                 rs.append(r)
         return [final[i] if i in final else combine_runs(runs[i]) for i in range(len(tasks))]
 
-    def run_protocol(self, backends, task, timeout: float | None = None) -> dict:
-        """:meth:`run_passes` for one task: its processes run back to back."""
-        return self.run_passes(backends, [task], timeout)[0]
-
     def measure_many(self, chunk: Sequence[Candidate], reference: Mapping[str, np.ndarray], family: str = "") -> list[Measurement]:
         """Measures ``chunk`` (candidates of one backend, none cached) in passes, commits each; in order."""
         if not chunk:

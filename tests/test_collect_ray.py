@@ -34,7 +34,9 @@ REPO = Path(__file__).resolve().parents[1]
 KW = {**_KW, "backends": "onnxruntime"}
 PLAN_KW = {**_PLAN_KW, "backends": "onnxruntime"}
 # every candidate timed for ~0.25 s, so a kill lands mid-shard
-SLOW = TimingConfig(warmup=1, warmup_seconds=0.0, min_repeats=3, max_repeats=10**6, max_spread=0.0, time_cap=0.25)
+# pass_chunk=1: each candidate is committed as it is measured, so a kill can land between commits
+SLOW = TimingConfig(warmup=1, warmup_seconds=0.0, min_repeats=3, max_repeats=10**6, max_spread=0.0, time_cap=0.25,
+                    pass_chunk=1)
 
 
 @pytest.fixture(scope="module")

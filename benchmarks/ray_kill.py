@@ -95,7 +95,13 @@ def main(argv: list[str] | None = None) -> int:
 
     import ray
 
-    kw = dict(models=args.model, backends=args.backends, max_region_size=args.max_region_size, threads=1)
+    from dataclasses import replace
+
+    from collage_ml.measure.timing import TimingConfig
+
+    # commit each candidate as it is measured (chunks of one), so the kill lands between commits
+    kw = dict(models=args.model, backends=args.backends, max_region_size=args.max_region_size, threads=1,
+              timing=replace(TimingConfig(), pass_chunk=1))
     total = plan(**kw).keys()
     rng = random.Random(args.seed)
     pythonpath = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)

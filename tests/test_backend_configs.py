@@ -38,7 +38,8 @@ from collage_ml.plan import Plan
 from tests.helpers import assert_compiled_matches_reference, chain_model
 
 ROOT = Path(__file__).resolve().parents[1]
-FAST = TimingConfig(warmup=1, warmup_seconds=0.0, min_repeats=3, max_repeats=5, time_cap=0.2)
+# one process per candidate: these tests are about placement and storage, not the protocol (test_protocol.py)
+FAST = TimingConfig(warmup=1, warmup_seconds=0.0, min_repeats=3, max_repeats=5, time_cap=0.2, processes=1, max_processes=1)
 HW = "cpu-test-t2-000000000000"
 
 

@@ -31,7 +31,8 @@ from collage_ml.ir import import_model
 from collage_ml.measure.timing import TimingConfig
 from collage_ml.sampling import convex_hull, sample_masks, sample_subgraphs
 
-FAST = TimingConfig(warmup=1, warmup_seconds=0.0, min_repeats=3, max_repeats=10, time_cap=0.2)
+# one process per candidate: these tests are about placement and storage, not the protocol (test_protocol.py)
+FAST = TimingConfig(warmup=1, warmup_seconds=0.0, min_repeats=3, max_repeats=10, time_cap=0.2, processes=1, max_processes=1)
 MODEL = "dcgan-tiny"
 BACKENDS = "onnxruntime,torch"
 KW = dict(models=MODEL, backends=BACKENDS, max_region_size=2, threads=1, timing=FAST, progress=False)

@@ -48,6 +48,7 @@ subgraph hash ``"boundary:<nbytes>"``) without ONNX bytes.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -200,6 +201,19 @@ def _is_busy(e: sqlite3.Error) -> bool:
         return True
     msg = str(e).lower()
     return "database is locked" in msg or "database is busy" in msg or "database table is locked" in msg
+
+
+@contextlib.contextmanager
+def _immediate(c: sqlite3.Connection) -> Iterator[None]:
+    """One ``BEGIN IMMEDIATE`` transaction: committed when the block ends, rolled back when it raises."""
+    c.execute("BEGIN IMMEDIATE")
+    try:
+        yield
+        c.execute("COMMIT")
+    except BaseException:
+        if c.in_transaction:
+            c.execute("ROLLBACK")
+        raise
 
 
 def _measurement_row(m: Measurement) -> tuple:
@@ -425,8 +439,7 @@ class Database:
             elif not c.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'probes'").fetchone():
                 c.execute(_PROBES_TABLE)  # a schema-2 file from before the probes table
             return
-        c.execute("BEGIN IMMEDIATE")
-        try:
+        with _immediate(c):
             for stmt in _SCHEMA.split(";"):
                 if stmt.strip():
                     c.execute(stmt)
@@ -436,18 +449,12 @@ class Database:
             )
             c.execute(f"PRAGMA application_id = {APPLICATION_ID}")
             c.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
-            c.execute("COMMIT")
-        except BaseException:
-            if c.in_transaction:
-                c.execute("ROLLBACK")
-            raise
         # put the header (application id) into the main file now, so the file identifies itself
         c.execute("PRAGMA wal_checkpoint(PASSIVE)")
 
     def _migrate(self, c: sqlite3.Connection) -> None:
         """Schema 1 -> 2 in one transaction: every row kept; status, attempts and protocol derived."""
-        c.execute("BEGIN IMMEDIATE")
-        try:
+        with _immediate(c):
             version = int(c.execute("PRAGMA user_version").fetchone()[0])
             if version < SCHEMA_VERSION:  # another process may have migrated it meanwhile
                 old = ", ".join(col for col in _MEASUREMENT_COLUMNS if col not in _V1_EXPR)
@@ -465,11 +472,6 @@ class Database:
                 c.execute(_PROBES_TABLE)
                 c.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'", (str(SCHEMA_VERSION),))
                 c.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
-            c.execute("COMMIT")
-        except BaseException:
-            if c.in_transaction:
-                c.execute("ROLLBACK")
-            raise
         self.schema_version = SCHEMA_VERSION
 
     def _col(self, name: str) -> str:
@@ -511,15 +513,8 @@ class Database:
 
         def attempt() -> T:
             c = self._connection()
-            c.execute("BEGIN IMMEDIATE")
-            try:
-                out = fn(c)
-                c.execute("COMMIT")
-                return out
-            except BaseException:
-                if c.in_transaction:
-                    c.execute("ROLLBACK")
-                raise
+            with _immediate(c):
+                return fn(c)
 
         return self._retry(attempt, what)
 

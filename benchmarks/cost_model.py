@@ -15,6 +15,23 @@
    trained on all of ``--db`` is updated with N samples of the target and
    scored on the rest of it (the same rest for every N).
 
+4. **Leave one hardware out** over ``--hardware-dbs`` (default: every
+   dataset under ``datasets/`` but the backend-configuration one): each
+   machine (a hardware fingerprint: a CPU kind at one thread count) is held
+   out in turn; the model trains on every other machine and is scored on this
+   one, which it knows only by its description and its probe results (the
+   held-out machine's own probe rows are not scored). Machines without probes
+   (datasets measured before the probe set existed) are scored too, on their
+   static description only, and marked so.
+5. **Hardware and family out at once**: the same, also leaving out one
+   family (``--hw-families``), scored on that family on that machine.
+
+Sections 4 and 5 compare ``--variants``: ``xgb`` (log latency, with the probe
+columns), ``xgb-roof`` (the same trees on log(latency / roofline estimate),
+``target=roofline``), ``xgb-static`` (probes removed from every sample: the
+static description only, i.e. what the model knew before the probe set) and
+``gnn``.
+
 ``--plot`` draws predicted against measured latency from the
 leave-one-family-out predictions, one log-log panel per backend, one colour
 per model. ``--json`` writes every number. Models are made with
@@ -31,6 +48,8 @@ import sys
 import time
 from pathlib import Path
 from typing import Any
+
+import dataclasses
 
 import numpy as np
 from rich.console import Console
@@ -54,6 +73,11 @@ from collage_ml.models.evaluate import (  # noqa: E402
 )
 
 DEFAULT_DB = ROOT / "datasets" / "cpu-2core-zen4" / "measurements.db"
+DEFAULT_HW_DBS = sorted(p for p in (ROOT / "datasets").glob("*/measurements.db") if "configs" not in p.parent.name)
+VARIANTS = ("xgb", "xgb-roof", "xgb-static", "gnn")
+HW_FAMILIES = ("bert", "mobilenetv2", "nasnet", "resnet50")
+#: display names of the CPU kinds seen so far (vendor-family-model-stepping from /proc/cpuinfo)
+CPU_KINDS = {"AuthenticAMD-25-1": "Zen 3", "AuthenticAMD-25-17": "Zen 4", "AuthenticAMD-26-2": "Zen 5"}
 DEFAULT_TARGET = ROOT / "datasets" / "cpu-2core-zen4-t1" / "measurements.db"
 QUICK_FAMILIES = ("dcgan", "mobilenetv2", "nasrnn")
 QUICK_PARAMS: dict[str, dict[str, Any]] = {
@@ -151,6 +175,75 @@ def plot(path: Path, preds: dict[str, dict[str, dict[str, Any]]]) -> None:
     log(f"wrote {path}")
 
 
+def hardware_labels(paths: list[Path]) -> dict[str, str]:
+    """fingerprint -> "Zen 5 t1 (AuthenticAMD-26-2-1)" from each database's hardware table."""
+    from collage_ml.db import Database
+
+    out = {}
+    for p in paths:
+        with Database(p, readonly=True) as db:
+            for fp in db.stats()["hardware"]:
+                info = db.hardware_info(fp) or {}
+                cpu = str(info.get("cpu_id", "?"))
+                kind = CPU_KINDS.get(cpu.rsplit("-", 1)[0], cpu)
+                out[fp] = f"{kind} t{info.get('threads', '?')}"
+    return out
+
+
+def variant_model(name: str, params: dict[str, dict[str, Any]]):
+    kind = "gnn" if name.startswith("gnn") else "xgb"
+    p = dict(params.get(kind, {}))
+    if name == "xgb-roof":
+        p["target"] = "roofline"
+    return create_model(kind, **p)
+
+
+def strip_probes(data: Dataset) -> Dataset:
+    return Dataset([dataclasses.replace(s, hw=s.hw.with_probes(None)) for s in data])
+
+
+def hardware_out(data: Dataset, labels: dict[str, str], variants: list[str], params, families: tuple[str, ...]):
+    """Sections 4 and 5: {fold label: {variant: metrics}} for machine-out and machine-and-family-out folds."""
+    scored = data.filter(lambda s: s.source != "probe")
+    machines = sorted({s.hardware for s in scored})
+    probed = {s.hardware for s in data if s.hw.calibrated}
+    folds = []
+    for fp in machines:
+        test = scored.filter(lambda s, fp=fp: s.hardware == fp)
+        if len(test) < 100:
+            continue
+        folds.append((f"{labels.get(fp, fp)}{'' if fp in probed else ' (no probes)'}", fp, None))
+    for fp in sorted(probed & set(machines)):
+        for fam in families:
+            folds.append((f"{labels.get(fp, fp)} + {fam}", fp, fam))
+    out: dict[str, dict[str, dict[str, Any]]] = {"machine": {}, "machine+family": {}}
+    stripped = strip_probes(data) if "xgb-static" in variants else None
+    for label, fp, fam in folds:
+        section = "machine" if fam is None else "machine+family"
+        out[section][label] = {}
+        for v in variants:
+            d = stripped if v == "xgb-static" else data
+
+            def held(s, fp=fp, fam=fam):
+                return s.hardware == fp or (fam is not None and s.source == fam)
+
+            train = d.filter(lambda s: not held(s))
+            test = d.filter(lambda s, fp=fp, fam=fam: s.hardware == fp and s.source != "probe"
+                            and (fam is None or s.source == fam))
+            if not len(test) or not len(train):
+                continue
+            log(f"hardware out [{label}] {v}: training on {len(train)}, testing on {len(test)}")
+            m = variant_model(v, params)
+            t1 = time.perf_counter()
+            m.fit(train)
+            fit_s = time.perf_counter() - t1
+            r = evaluate(m, test)
+            r["fit_seconds"] = fit_s
+            r["n_train"] = len(train)
+            out[section][label][v] = r
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--db", type=Path, default=DEFAULT_DB, help="main measurement database")
@@ -164,6 +257,13 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--no-random-split", action="store_true")
     ap.add_argument("--no-few-shot", action="store_true")
+    ap.add_argument("--no-lofo", action="store_true", help="skip leave-one-family-out (and the plot)")
+    ap.add_argument("--hardware-dbs", default=None,
+                    help="comma-separated databases for the hardware-out sections (default: every dataset but "
+                         "the configurations one); 'none' skips those sections")
+    ap.add_argument("--variants", default=",".join(VARIANTS), help="models compared in the hardware-out sections")
+    ap.add_argument("--hw-families", default=",".join(HW_FAMILIES),
+                    help="families held out with each machine in section 5")
     ap.add_argument("--plot", type=Path, default=None, metavar="PNG")
     ap.add_argument("--json", type=Path, default=None, metavar="PATH")
     args = ap.parse_args()
@@ -179,7 +279,7 @@ def main() -> int:
     t0 = time.perf_counter()
     log(f"loading {args.db}")
     data = Dataset.from_db(args.db, progress=sys.stderr.isatty())
-    fams = data.sources()
+    fams = [f for f in data.sources() if f != "probe"]  # the probe set is the machine's description, not a family
     if args.families:
         fams = [f.strip() for f in args.families.split(",") if f.strip()]
     elif args.quick:
@@ -199,17 +299,18 @@ def main() -> int:
     # 1. leave one family out
     lofo: dict[str, dict[str, dict[str, Any]]] = {}
     preds: dict[str, dict[str, dict[str, Any]]] = {}
-    for k in kinds:
+    for k in ([] if args.no_lofo else kinds):
         log(f"leave-one-family-out: {k} {params[k] or '(defaults)'}")
         preds[k] = {}
         lofo[k] = leave_one_family_out(lambda k=k: create_model(k, **params[k]), data, fams, progress=log,
                                        predictions=preds[k])
-    means = {k: average_metrics(lofo[k]) for k in kinds}
-    rows = {f: {k: lofo[k].get(f, {}) for k in kinds} for f in fams}
-    rows["mean over families"] = means
-    side_by_side("leave one family out (each row: trained on every other family)", rows, kinds, ("fit_seconds",))
-    results["lofo"] = lofo
-    results["lofo_mean"] = means
+    if lofo:
+        means = {k: average_metrics(lofo[k]) for k in kinds}
+        rows = {f: {k: lofo[k].get(f, {}) for k in kinds} for f in fams}
+        rows["mean over families"] = means
+        side_by_side("leave one family out (each row: trained on every other family)", rows, kinds, ("fit_seconds",))
+        results["lofo"] = lofo
+        results["lofo_mean"] = means
 
     # 2. random split
     if not args.no_random_split:
@@ -245,8 +346,30 @@ def main() -> int:
                          ("update_seconds",))
             results["few_shot"] = fs
 
+    # 4-5. hardware out
+    if args.hardware_dbs != "none":
+        paths = [Path(p) for p in args.hardware_dbs.split(",")] if args.hardware_dbs else DEFAULT_HW_DBS
+        variants = [v.strip() for v in args.variants.split(",") if v.strip()]
+        bad = [v for v in variants if v not in VARIANTS]
+        if bad:
+            raise SystemExit(f"unknown variant(s) {', '.join(bad)}; choose from {', '.join(VARIANTS)}")
+        hw_data = Dataset()
+        for p in paths:
+            part = Dataset.from_db(p)
+            log(f"{p}: {len(part)} samples ({part.protocols})")
+            hw_data = hw_data + part
+        labels = hardware_labels(paths)
+        hw_fams = tuple(f.strip() for f in args.hw_families.split(",") if f.strip())
+        ho = hardware_out(hw_data, labels, variants, params, hw_fams)
+        side_by_side("leave one machine out (trained on every other machine; scored on this one, known by its "
+                     "probes)", ho["machine"], variants, ("fit_seconds",))
+        side_by_side("machine and family out at once", ho["machine+family"], variants, ("fit_seconds",))
+        results["hardware_out"] = ho
+        results["hardware_dbs"] = [str(p) for p in paths]
+        results["hardware_labels"] = labels
+
     results["seconds"] = time.perf_counter() - t0
-    if args.plot:
+    if args.plot and preds:
         plot(args.plot, preds)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)

@@ -170,7 +170,8 @@ def train(
     """Fits a cost model on the valid measurements of ``db``; returns the :class:`~collage_ml.models.base.CostModel`.
 
     - ``db``: a database path or :class:`~collage_ml.db.Database`; None is the per-user database
-      (the one :func:`place` and :func:`collect` write, so training closes the loop).
+      (the one :func:`place` and :func:`collect` write, so training closes the loop); a list of them
+      trains on all their rows (one database per machine: the model reads each machine from its probes).
     - ``model``: ``"xgb"`` (gradient-boosted trees on flat features) or ``"gnn"`` (a graph
       network), built with ``params`` (e.g. ``{"n_estimators": 200}``), or an unfitted CostModel.
     - ``out``: save the artifact in this directory (``guided`` placement and :func:`evaluate`

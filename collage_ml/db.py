@@ -768,6 +768,29 @@ class Database:
 
         return self._read(q, "probes")
 
+    def probe_table(self, hardware: str, probe_set: int) -> dict[str, dict[str, float | None]]:
+        """{backend: {probe: seconds or None}} recorded for one machine and probe-set version, whatever the
+        backend version and protocol; where a backend has several, the group with the newest result wins."""
+
+        def q(c: sqlite3.Connection) -> list[tuple]:
+            try:
+                return c.execute(
+                    "SELECT backend, backend_version, protocol, probe, median, timestamp FROM probes "
+                    "WHERE hardware = ? AND probe_set = ?",
+                    (hardware, int(probe_set)),
+                ).fetchall()
+            except sqlite3.OperationalError as e:
+                if "no such table" in str(e):
+                    return []
+                raise
+
+        groups: dict[str, dict[tuple[str, str], dict[str, Any]]] = {}
+        for backend, version, protocol, probe, median, ts in self._read(q, "probe_table"):
+            g = groups.setdefault(backend, {}).setdefault((version, protocol), {"t": 0.0, "values": {}})
+            g["values"][probe] = median
+            g["t"] = max(g["t"], float(ts))
+        return {b: dict(max(gs.values(), key=lambda g: g["t"])["values"]) for b, gs in groups.items()}
+
     def stats(self, hardware: str | None = None) -> dict[str, Any]:
         """Counts: ``total``, ``valid``, ``invalid``, ``failed``, ``subgraphs`` (distinct hashes measured),
         ``onnx_stored`` (subgraphs with ONNX bytes, whole file), and per-``backends``,

@@ -18,6 +18,7 @@ class FlopsFixtureModel(CostModel):
     """
 
     kind = "fixture"
+    uses_probes = False  # the formula ignores the machine
 
     def __init__(self, overhead: float = 2e-5, speed: float = 2e10, sd: float = 0.3, invert: bool = False):
         super().__init__(overhead=overhead, speed=speed, sd=sd, invert=invert)

@@ -13,11 +13,13 @@ from collage_ml.candidates import enumerate_candidates
 from collage_ml.featurize import flat as flat_mod
 from collage_ml.featurize import info as info_mod
 from collage_ml.featurize.flat import FEATURES, N_FEATURES, SUBGRAPH_FEATURES, flat_matrix, flat_row
-from collage_ml.featurize.graph import GLOBAL_FEATURES, NODE_FEATURES, graph_data
+from collage_ml.featurize.graph import GLOBAL_FEATURES, HW_VECTOR, NODE_FEATURES, EncodedSamples, graph_data
 from collage_ml.featurize.hardware import HardwareDesc
 from collage_ml.featurize.info import compute_info, info_from_onnx, subgraph_info
 from collage_ml.featurize.schema import BACKENDS, OPS, SCHEMA_VERSION, SchemaError, check_schema
 from collage_ml.ir.importers import import_model
+
+from .fake_hardware import fake_probes
 
 from .helpers import chain_model
 
@@ -129,14 +131,15 @@ def test_graph_data_matches_the_subgraph(tiny_subgraphs):
         d = graph_data(info, "openvino", HW, y=-7.5)
         n = len(sg)
         assert tuple(d.x.shape) == (n, NODE_FEATURES) and d.x.dtype == torch.float32
-        assert tuple(d.u.shape) == (1, GLOBAL_FEATURES) and tuple(d.hw.shape) == (1, 3)
+        assert tuple(d.u.shape) == (1, GLOBAL_FEATURES) and tuple(d.hw.shape) == (1, HW_VECTOR)
         assert d.backend.tolist() == [BACKENDS.index("openvino")]
         assert d.y.tolist() == [-7.5]
         assert d.edge_index.dtype == torch.long and d.edge_index.shape[0] == 2
-        # edges: exactly the internal producer -> consumer pairs, in local (topological) indices
+        # edges: exactly the internal producer -> consumer pairs, in local (topological) indices, both ways
         local = {gi: li for li, gi in enumerate(sg.node_indices)}
         expected = {(local[p], local[c]) for c in sg.node_indices for p in sg.graph.preds[c] if p in local}
-        assert _edge_set(d.edge_index.numpy()) == expected
+        assert _edge_set(d.edge_index.numpy()) == expected | {(b, a) for a, b in expected}
+        assert d.edge_index.shape[1] == 2 * len(expected)
         assert all(a < b for a, b in expected)
         # op one-hot: one per node, at the node's op slot
         np.testing.assert_array_equal(d.x[:, : len(OPS) + 1].sum(1).numpy(), np.ones(n))
@@ -145,6 +148,27 @@ def test_graph_data_matches_the_subgraph(tiny_subgraphs):
         # boundary flags
         assert d.x[:, -2].sum() >= 1 and d.x[:, -1].sum() >= 1
     assert graph_data(subgraph_info(big), "onnxruntime", HW).y is None
+
+
+def test_the_gnn_batches_read_the_same_features_as_graph_data(tiny_subgraphs):
+    """One graph featurizer: the GNN's mini-batches hold exactly graph_data's tensors."""
+    torch = pytest.importorskip("torch")
+    from collage_ml.models.dataset import Sample
+
+    hw = HW.with_probes({"openvino": fake_probes()})
+    samples = [Sample(subgraph_info(sg), b, hw, 1e-4) for sg in tiny_subgraphs[:6] for b in ("openvino", "torch")]
+    b = EncodedSamples(samples).batch(torch.arange(len(samples)), per_sample=True)
+    ptr = 0
+    for i, s in enumerate(samples):
+        d = graph_data(s.info, s.backend, s.hw)
+        n = d.x.shape[0]
+        torch.testing.assert_close(b["x"][ptr : ptr + n], d.x)
+        torch.testing.assert_close(b["u"][i : i + 1], d.u)
+        torch.testing.assert_close(b["hw"][i : i + 1], d.hw, equal_nan=True)
+        assert int(b["backend"][i]) == int(d.backend)
+        ptr += n
+    # the probe columns are there for the calibrated backend, missing (NaN) for the other
+    assert torch.isfinite(b["hw"][0]).all() and torch.isnan(b["hw"][1]).any()
 
 
 def test_caches_can_be_cleared(tiny_subgraphs):

@@ -74,3 +74,30 @@ def test_collect_focus_shares_the_feedback_loop(tmp_path, fixture_kind):
     assert 0 < len(model.seen) <= 4
     saved = list((tmp_path / "cost-models").iterdir())
     assert len(saved) == 1 and saved[0].name.endswith("-fixture")
+
+
+class _ProbingFixtureModel(FlopsFixtureModel):
+    uses_probes = True  # as the real models: the machine is read from its probes
+
+
+def test_guided_place_runs_the_probe_set_once_per_machine(tmp_path, fixture_kind, monkeypatch, capsys):
+    from collage_ml.measure import probes
+
+    monkeypatch.setattr(probes, "PROBES", probes.PROBES[10:12])  # layernorm and maxpool: fast
+    db = tmp_path / "m.db"
+    runs = []
+    for _ in range(2):
+        model = _ProbingFixtureModel()
+        predicted = []
+        orig = model.predict_log
+        model.predict_log = lambda samples, orig=orig: (predicted.extend(samples), orig(samples))[1]
+        pm = collage_ml.place("dcgan-tiny", backends="onnxruntime,openvino", mode="guided", db=db, cost_model=model,
+                              max_region_size=2, timing=FAST, evo_config=EVO)
+        assert pm.report["outputs_match"]
+        with Database(db, readonly=True) as d:
+            runs.append(sorted((m.key.backend, m.timestamp) for m in d.measurements() if m.family == "probe"))
+        # every prediction saw this machine's probes, for the candidate's own backend
+        assert predicted and all(s.hw.probes_of(s.backend) is not None for s in predicted)
+    first, second = runs
+    assert len(first) == 2 * 4 and {b for b, _ in first} == {"onnxruntime", "openvino"}  # 2 probes x 2 batches
+    assert second == first  # the second placement reused them: nothing re-measured

@@ -3,6 +3,13 @@
 The subgraph part is computed once per structural hash (:func:`subgraph_part`)
 and the backend and hardware columns are appended per candidate, so a
 subgraph offered to four backends is analysed once.
+
+The hardware columns (:data:`HW_FEATURES`) are the static descriptor (cores,
+threads, GPU, ISA flags) and, where the machine was calibrated, the
+candidate's backend's probe columns (:data:`HW_PROBE_FEATURES`, from
+:mod:`~collage_ml.featurize.roofline`): log overhead and rates, the roofline
+estimate of this candidate and its compute and memory parts, and the log
+latency of every probe. Without probes those are NaN (XGBoost's missing value).
 """
 
 from __future__ import annotations
@@ -11,7 +18,8 @@ from typing import Sequence
 
 import numpy as np
 
-from collage_ml.featurize.hardware import HardwareDesc
+from collage_ml.featurize import roofline
+from collage_ml.featurize.hardware import ISA_FLAGS, HardwareDesc
 from collage_ml.featurize.info import SubgraphInfo, _LRU
 from collage_ml.featurize.schema import BACKENDS, N_BACKENDS, N_OPS, OPS, OP_INDEX, backend_slot
 
@@ -54,15 +62,27 @@ SUBGRAPH_FEATURES: tuple[str, ...] = (
     "max_node_flops_share",
     "log_flops_per_node",
 )
+HW_PROBE_FEATURES: tuple[str, ...] = (
+    "hw_log_overhead", *(f"hw_log_rate_{c}" for c in roofline.CLASSES),
+    "roof_log_est", "roof_log_compute", "roof_log_memory",
+    *(f"probe:{n}" for n in roofline.PROBE_NAMES),
+)
+HW_FEATURES: tuple[str, ...] = (
+    "hw_cores",
+    "hw_threads",
+    "hw_gpu",
+    *(f"hw_isa_{f}" for f in ISA_FLAGS),
+    "log_flops_per_thread",
+    *HW_PROBE_FEATURES,
+)
 FEATURES: tuple[str, ...] = (
     *SUBGRAPH_FEATURES,
     *(f"backend:{b}" for b in BACKENDS),
     "backend:other",
-    "hw_cores",
-    "hw_threads",
-    "hw_gpu",
-    "log_flops_per_thread",
+    *HW_FEATURES,
 )
+#: index of the roofline estimate's column (the ``roofline`` target of the XGBoost model subtracts it)
+ROOF_EST = FEATURES.index("roof_log_est")
 N_FEATURES = len(FEATURES)
 _N_SUB = len(SUBGRAPH_FEATURES)
 
@@ -141,10 +161,12 @@ def flat_matrix(items: Sequence[tuple[SubgraphInfo, str, HardwareDesc]]) -> np.n
     """Rows for many (info, backend, hardware) triples, as a float32 matrix [len(items), N_FEATURES]."""
     out = np.zeros((len(items), N_FEATURES), dtype=np.float32)
     tail = _N_SUB + N_BACKENDS
+    n_static = 3 + len(ISA_FLAGS)
     for i, (info, backend, hw) in enumerate(items):
         sub = subgraph_part(info)
         out[i, :_N_SUB] = sub
         out[i, _N_SUB + backend_slot(backend)] = 1.0
-        out[i, tail : tail + 3] = (hw.cores, hw.threads, hw.gpu)
-        out[i, tail + 3] = sub[N_OPS] - np.log(max(hw.threads, 1))
+        out[i, tail : tail + n_static] = hw.static_vector()
+        out[i, tail + n_static] = sub[N_OPS] - np.log(max(hw.threads, 1))
+        out[i, tail + n_static + 1 :] = roofline.features(info, hw.probes_of(backend))
     return out

@@ -4,13 +4,19 @@ Every model artifact stores :data:`SCHEMA_VERSION` and refuses to load under
 another one: a change to a vocabulary or to a feature's definition changes the
 meaning of the columns a model was trained on. Bump the version whenever
 anything in this package changes what a feature means.
+
+History: 1, the first; 2 (2026-12-01), the hardware descriptor gained the ISA
+flags and the probe columns (:mod:`~collage_ml.featurize.roofline`), and the
+GNN's graph features (``log1p`` counts, edges both ways, the hardware vector)
+moved into :mod:`~collage_ml.featurize.graph`, so the featurizer the tests
+check is the one the model reads.
 """
 
 from __future__ import annotations
 
 from collage_ml.errors import CollageError
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 #: op types with their own histogram column / node one-hot slot; everything else counts as "other"
 OPS: tuple[str, ...] = tuple(

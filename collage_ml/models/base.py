@@ -55,6 +55,10 @@ class ArtifactError(CollageError):
 
 class CostModel(ABC):
     kind: ClassVar[str] = ""
+    #: whether predictions read the machine's probe results (the hardware embedding): guided placement then
+    #: runs the probe set first on a machine and backend the database has not seen. A model that ignores
+    #: the machine (a test fixture) sets it False.
+    uses_probes: ClassVar[bool] = True
 
     def __init__(self, **params: Any):
         self.params: dict[str, Any] = dict(params)
@@ -135,7 +139,7 @@ class CostModel(ABC):
                 "kind": self.kind,
                 "schema_version": SCHEMA_VERSION,
                 "params": self.params,
-                "hw": None if self.hw is None else vars(self.hw),
+                "hw": None if self.hw is None else self.hw.to_json(),
                 **{k: v for k, v in self.meta.items() if k not in ("format", "kind", "schema_version", "params", "hw")},
                 **extra,
             }
@@ -253,7 +257,10 @@ def load_model(path: str | Path) -> CostModel:
     except (TypeError, ValueError) as e:
         raise ArtifactError(f"cost model {directory} has parameters this collage-ml does not accept: {e}") from None
     hw = meta.get("hw")
-    model.hw = HardwareDesc(**hw) if hw else None
+    try:
+        model.hw = HardwareDesc.from_json(hw) if hw else None
+    except ValueError as e:
+        raise ArtifactError(f"cost model {directory}: meta.json's hw is not a hardware descriptor ({e})") from None
     model.meta = {k: v for k, v in meta.items() if k not in ("format", "format_version", "kind", "schema_version", "params", "hw")}
     try:
         model._load_payload(directory, meta)
@@ -276,12 +283,13 @@ def shipped_artifacts() -> list[tuple[Path, dict[str, Any]]]:
 
 
 def default_artifact(kind: str | None = None, threads: int | None = None) -> Path:
-    """The shipped artifact that fits this machine.
+    """The shipped artifact to use on this machine.
 
-    Preference: trained on this exact hardware fingerprint; else on hardware
-    with the same cores, threads and GPU presence (a close relative; the
-    models take those as inputs). ``kind`` restricts to xgb or gnn; xgb is
-    preferred when both fit. Raises :class:`ArtifactError` naming the
+    The models take the machine as input (static description and probes: see
+    :mod:`collage_ml.featurize.hardware`), so one trained on other CPUs still
+    applies. Preference: trained on this exact hardware fingerprint; else trained
+    on the same kind of device (CPU only, or with a GPU); xgb before gnn.
+    ``kind`` restricts to xgb or gnn. Raises :class:`ArtifactError` naming the
     fingerprint when nothing fits.
     """
     from collage_ml.measure.hardware import fingerprint
@@ -297,11 +305,12 @@ def default_artifact(kind: str | None = None, threads: int | None = None) -> Pat
         if fp in (m.get("trained_on") or {}).get("hardware", []):
             return p
     for p, m in arts:
-        if m.get("hw") and HardwareDesc(**m["hw"]) == here:
+        hw = m.get("hw")
+        if isinstance(hw, dict) and bool(hw.get("gpu")) == here.gpu:
             return p
     have = ", ".join(p.name for p, _ in arts) or "none"
     raise ArtifactError(
-        f"no shipped cost model fits this machine (fingerprint {fp}, {here.cores} cores, {here.threads} threads); "
-        f"shipped: {have}. Train one: collage-ml collect, then collage-ml train --db DB --model xgb -o ARTIFACT"
+        f"no shipped cost model fits this machine (fingerprint {fp}, {here.cores} cores, {here.threads} threads"
+        f"{', GPU' if here.gpu else ''}); shipped: {have}. Train one: collage-ml collect, then "
+        "collage-ml train --db DB --model xgb -o ARTIFACT"
     )
-

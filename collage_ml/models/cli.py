@@ -41,7 +41,8 @@ def add_parser(subparsers) -> None:
             "families are left out of training and scored afterwards."
         ),
     )
-    t.add_argument("--db", default=DB, metavar="PATH", help=DB_HELP)
+    t.add_argument("--db", action="append", default=None, metavar="PATH",
+                   help=DB_HELP + "; repeat it to train on several databases (e.g. one per machine) at once")
     t.add_argument("--model", default=MODEL_KIND, choices=KINDS, help=f"model kind (default: {MODEL_KIND})")
     t.add_argument("-o", "--output", required=True, metavar="ARTIFACT", help="artifact directory to write")
     t.add_argument("--holdout-family", action="append", default=[], metavar="NAME",
@@ -110,7 +111,7 @@ def _train(args) -> int:
     from collage_ml.models.evaluate import json_safe
 
     model = training.make_model(args.model, dict(args.param), what="--param")  # usage errors before the database
-    model = training.train(args.db, model, args.output, args.holdout_family, hardware=args.hardware,
+    model = training.train(args.db if args.db is None or len(args.db) > 1 else args.db[0], model, args.output, args.holdout_family, hardware=args.hardware,
                            progress=_progress_enabled(args))
     summary = model.training
     if args.json:

@@ -27,6 +27,7 @@ import numpy as np
 from collage_ml.cost import CandidateKey, Measurement
 from collage_ml.featurize.hardware import HardwareDesc
 from collage_ml.featurize.info import SubgraphInfo, info_from_onnx, subgraph_info
+from collage_ml.measure.probes import PROBE_SET_VERSION
 
 
 @dataclass(frozen=True)
@@ -129,7 +130,8 @@ class Dataset:
         measurement protocols (default: all; ``Dataset.protocols`` counts the rows of each, so a mix is never
         silent). Rows marked ``contended`` (something else used the CPUs while they were timed) are left out
         unless ``include_contended``, and counted in ``Dataset.contended``. A stored subgraph that no longer
-        parses is skipped and counted in ``Dataset.skipped``.
+        parses is skipped and counted in ``Dataset.skipped``. Each sample's hardware descriptor carries the
+        probe results the database holds for its machine (none for a machine that was never calibrated).
         """
         from collage_ml.db import Database
 
@@ -175,7 +177,8 @@ class Dataset:
                     continue
                 hk = (m.hardware, m.threads)
                 if hk not in hw_cache:
-                    hw_cache[hk] = HardwareDesc.from_info(d.hardware_info(m.hardware), m.threads)
+                    hw_cache[hk] = HardwareDesc.from_info(
+                        d.hardware_info(m.hardware), m.threads, d.probe_table(m.hardware, PROBE_SET_VERSION))
                 dec = m.extra.get("source"), m.extra.get("first_node")
                 out.append(
                     Sample(info, m.key.backend, hw_cache[hk], float(m.median), m.family, src, m.key, m.hardware, pattern,

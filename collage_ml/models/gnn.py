@@ -16,8 +16,13 @@ Architecture
       (GATv1, 4 heads);
     - readout: sum- and mean-pooling of the node states, concatenated;
     - global branch: Linear(GLOBAL_FEATURES, hidden) + ReLU on ``u``;
-    - head: [readout, global, backend embedding (16), hardware (3)] ->
-      MLP(hidden, hidden) with dropout -> standardised log latency.
+    - head: [readout, global, backend embedding (16), hardware vector] ->
+      MLP(hidden, hidden) with dropout -> standardised log latency. The
+      hardware vector (:func:`~collage_ml.featurize.graph.hw_vector`) is the
+      static description, a "calibrated" flag and the candidate's backend's
+      probe columns (rates, roofline estimate, probe latencies); missing probe
+      columns are NaN, standardised with NaN-aware statistics and then set to
+      0, the training mean.
 
     The graph encoder does not see the backend, so within one batch every
     distinct subgraph is encoded once and shared by all its backends (a
@@ -84,6 +89,10 @@ Artifact
     ``meta.json`` with the parameters and the feature sizes; loading refuses
     mismatched feature sizes.
 
+Featurization and batching live in :mod:`collage_ml.featurize.graph`
+(``GraphTable``, ``EncodedSamples``): the same functions build one
+``torch_geometric`` ``Data`` and the mini-batches.
+
 Guards against extrapolation
     Columns are centred and divided by max(std, 1), so rare one-hot ops are
     not blown up (see :func:`_std`); counts in ``u`` are log1p-compressed;
@@ -102,15 +111,14 @@ from typing import Any, Sequence
 import numpy as np
 
 from collage_ml.errors import describe
-from collage_ml.featurize.flat import SUBGRAPH_FEATURES, subgraph_part
-from collage_ml.featurize.graph import GLOBAL_FEATURES, NODE_FEATURES, node_matrix
+from collage_ml.featurize.graph import GLOBAL_FEATURES, HW_VECTOR, NODE_FEATURES, EncodedSamples as _Encoded
 from collage_ml.featurize.schema import N_BACKENDS, backend_slot
 from collage_ml.models.base import ArtifactError, CostModel
 from collage_ml.models.dataset import Dataset, Sample
 
 STATE = "state_dict.pt"
 BACKEND_EMBED = 16
-HW_FEATURES = 3
+HW_FEATURES = HW_VECTOR
 
 DEFAULTS: dict[str, Any] = {
     "conv": "gat",
@@ -130,15 +138,6 @@ DEFAULTS: dict[str, Any] = {
 
 CONVS = ("sage", "gin", "gat")
 
-#: global columns that are counts: compressed with log1p before standardising
-_COUNT_COLUMNS = np.array(
-    [
-        i
-        for i, c in enumerate(SUBGRAPH_FEATURES)
-        if c.startswith("op:") or c in ("n_inputs", "n_outputs", "n_nodes", "n_edges", "depth", "conv_max_kernel")
-    ],
-    dtype=np.int64,
-)
 #: standardised inputs are clipped to this many (floored) standard deviations
 _CLIP = 10.0
 #: predictions are kept within the training range of log latency widened by this much (x20 either way)
@@ -149,100 +148,6 @@ def _torch():
     import torch
 
     return torch
-
-
-# -- featurization ------------------------------------------------------------------------
-class _Graphs:
-    """Distinct subgraphs, their node rows and edges, concatenated for fast batching."""
-
-    def __init__(self) -> None:
-        self.index: dict[str, int] = {}
-        self._x: list[np.ndarray] = []
-        self._e: list[np.ndarray] = []
-        self._u: list[np.ndarray] = []
-        self._frozen = None
-
-    def add(self, info) -> int:
-        i = self.index.get(info.hash)
-        if i is None:
-            i = len(self._x)
-            self.index[info.hash] = i
-            self._x.append(node_matrix(info))
-            e = np.asarray(info.edges, dtype=np.int64).reshape(2, -1)
-            self._e.append(np.concatenate([e, e[::-1]], axis=1))  # both directions
-            u = np.array(subgraph_part(info), dtype=np.float32)
-            u[_COUNT_COLUMNS] = np.log1p(np.maximum(u[_COUNT_COLUMNS], 0))
-            self._u.append(u)
-            self._frozen = None
-        return i
-
-    def tensors(self):
-        """(x [N, F], edges [2, E] local, node_ptr [G], n_nodes [G], edge_ptr [G], n_edges [G], u [G, U])."""
-        if self._frozen is None:
-            torch = _torch()
-            n = np.array([len(x) for x in self._x], dtype=np.int64)
-            m = np.array([e.shape[1] for e in self._e], dtype=np.int64)
-            self._frozen = (
-                torch.from_numpy(np.concatenate(self._x) if self._x else np.zeros((0, NODE_FEATURES), np.float32)),
-                torch.from_numpy(np.concatenate(self._e, axis=1) if self._e else np.zeros((2, 0), np.int64)),
-                torch.from_numpy(np.concatenate([[0], np.cumsum(n)[:-1]]) if len(n) else n),
-                torch.from_numpy(n),
-                torch.from_numpy(np.concatenate([[0], np.cumsum(m)[:-1]]) if len(m) else m),
-                torch.from_numpy(m),
-                torch.from_numpy(np.stack(self._u) if self._u else np.zeros((0, GLOBAL_FEATURES), np.float32)),
-            )
-        return self._frozen
-
-
-def _hw_vec(hw) -> list[float]:
-    c, t, g = hw.vector()
-    return [math.log1p(c), math.log1p(t), g]
-
-
-class _Encoded:
-    """Samples as index tensors into a :class:`_Graphs` table."""
-
-    def __init__(self, samples: Sequence[Sample], graphs: _Graphs | None = None, with_y: bool = True):
-        torch = _torch()
-        self.graphs = graphs or _Graphs()
-        self.gid = torch.tensor([self.graphs.add(s.info) for s in samples], dtype=torch.long)
-        self.backend = torch.tensor([backend_slot(s.backend) for s in samples], dtype=torch.long)
-        self.hw = torch.tensor([_hw_vec(s.hw) for s in samples], dtype=torch.float32).reshape(-1, HW_FEATURES)
-        self.y = torch.tensor([s.log_latency for s in samples], dtype=torch.float32) if with_y else None
-
-    def __len__(self) -> int:
-        return int(self.gid.shape[0])
-
-    def batch(self, idx, per_sample: bool = False):
-        """A mini-batch of the samples at ``idx``: the graphs (each distinct one once, or one per
-        sample with ``per_sample``), node-level, and per-sample tensors."""
-        torch = _torch()
-        X, E, nptr, nn_, eptr, ne, U = self.graphs.tensors()
-        gid = self.gid[idx]
-        if per_sample:
-            ug, inv = gid, torch.arange(int(gid.shape[0]))
-        else:
-            ug, inv = torch.unique(gid, return_inverse=True)
-        counts = nn_[ug]
-        G = int(ug.shape[0])
-        batch_vec = torch.repeat_interleave(torch.arange(G), counts)
-        start = torch.cumsum(counts, 0) - counts  # where each graph's nodes start in the batch
-        node_idx = torch.repeat_interleave(nptr[ug] - start, counts) + torch.arange(int(counts.sum()))
-        ecounts = ne[ug]
-        estart = torch.cumsum(ecounts, 0) - ecounts
-        edge_idx = torch.repeat_interleave(eptr[ug] - estart, ecounts) + torch.arange(int(ecounts.sum()))
-        edges = E[:, edge_idx] + torch.repeat_interleave(start, ecounts).unsqueeze(0)
-        return {
-            "x": X[node_idx],
-            "edge_index": edges,
-            "batch": batch_vec,
-            "n_graphs": G,
-            "u": U[ug],
-            "inv": inv,
-            "backend": self.backend[idx],
-            "graph_backend": self.backend[idx] if per_sample else None,
-            "hw": self.hw[idx],
-        }
 
 
 # -- the network --------------------------------------------------------------------------
@@ -306,7 +211,8 @@ def _build_net(p: dict[str, Any]):
 
         def head(self, z, b, gen=None):
             """Standardised log latency per sample; ``gen`` turns on (seeded) MC dropout."""
-            hw = ((b["hw"] - self.hw_mean) / self.hw_std).clamp(-_CLIP, _CLIP)
+            # probe columns are NaN on a machine without probes: 0 after standardising, i.e. the training mean
+            hw = torch.nan_to_num(((b["hw"] - self.hw_mean) / self.hw_std).clamp(-_CLIP, _CLIP), nan=0.0)
             h = torch.cat([z[b["inv"]], self.backend_emb(b["backend"]), hw], 1)
             h = self._drop(torch.relu(self.head_in(h)), gen)
             h = self._drop(torch.relu(self.head_mid(h)), gen)
@@ -366,7 +272,10 @@ def _std(t, floor: float = 1.0):
     held-out BERT block predicted 7000x too slow before this floor).
     """
     torch = _torch()
-    s = t.std(0, unbiased=False) if t.shape[0] > 1 else torch.zeros(t.shape[1:])
+    if t.shape[0] <= 1:
+        return torch.zeros(t.shape[1:]).clamp_min(floor)
+    mean = torch.nan_to_num(t.nanmean(0), nan=0.0)
+    s = torch.nan_to_num(((t - mean) ** 2).nanmean(0), nan=0.0).sqrt()  # NaN (missing probes) left out
     return s.clamp_min(floor)
 
 
@@ -418,7 +327,7 @@ class GNNCostModel(CostModel):
             u = U[enc.gid]
             net.u_mean.copy_(u.mean(0))
             net.u_std.copy_(_std(u))
-            net.hw_mean.copy_(enc.hw.mean(0))
+            net.hw_mean.copy_(torch.nan_to_num(enc.hw.nanmean(0), nan=0.0))
             net.hw_std.copy_(_std(enc.hw))
             net.y_mean.copy_(enc.y.mean())
             net.y_std.copy_(enc.y.std(unbiased=False).clamp_min(0.1) if len(enc) > 1 else torch.ones(()))
@@ -539,13 +448,15 @@ class GNNCostModel(CostModel):
         return {
             "node_features": NODE_FEATURES,
             "global_features": GLOBAL_FEATURES,
+            "hw_features": HW_FEATURES,
             "n_backends": N_BACKENDS,
             "state_file": STATE,
         }
 
     def _load_payload(self, directory: Path, meta: dict[str, Any]) -> None:
         torch = _torch()
-        want = {"node_features": NODE_FEATURES, "global_features": GLOBAL_FEATURES, "n_backends": N_BACKENDS}
+        want = {"node_features": NODE_FEATURES, "global_features": GLOBAL_FEATURES, "hw_features": HW_FEATURES,
+                "n_backends": N_BACKENDS}
         bad = [f"{k}={meta.get(k)!r} (this collage-ml has {v})" for k, v in want.items() if meta.get(k) != v]
         if bad:
             raise ArtifactError(f"GNN cost model {directory} was built for other feature sizes: {', '.join(bad)}; retrain it")

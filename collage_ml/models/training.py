@@ -19,20 +19,32 @@ from collage_ml.errors import CollageError
 
 
 def database_path(db: Any) -> Path:
-    """``db`` as a path: None is the per-user database."""
+    """``db`` as a path: None is the per-user database; of several, the first."""
     from collage_ml.db import Database, default_db_path
 
     if db is None:
         return default_db_path()
+    if isinstance(db, (list, tuple)):
+        return database_path(db[0]) if db else default_db_path()
     if isinstance(db, Database):
         return db.path
     return Path(db)
 
 
 def load_dataset(db: Any, hardware: str | None = None, progress: bool = False):
-    """The valid rows of ``db`` (a path, an open Database, or None for the per-user one) as a Dataset."""
+    """The valid rows of ``db`` (a path, an open Database, None for the per-user one, or a list of those:
+    their rows together) as a Dataset."""
     from collage_ml.db import Database
     from collage_ml.models.dataset import Dataset
+
+    if isinstance(db, (list, tuple)):
+        if not db:
+            raise CollageError("no measurement database given")
+        parts = [load_dataset(d, hardware, progress) for d in db]
+        out = parts[0]
+        for part in parts[1:]:
+            out = out + part
+        return out
 
     p = database_path(db)
     if isinstance(db, Database):

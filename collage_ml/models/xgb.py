@@ -43,6 +43,17 @@ Update policy (MetaSchedule-style)
     later updates replay what was added since the load.
     Updating a model that was never fitted fits it.
 
+Targets (``target``)
+    ``"log"`` regresses the log latency itself. ``"roofline"`` regresses it
+    relative to the roofline estimate the probes give for the candidate's
+    backend on its machine (:mod:`~collage_ml.featurize.roofline`): each row's
+    XGBoost ``base_margin`` is its ``roof_log_est``, so the trees learn
+    log(latency / estimate), which moves less between machines than the
+    latency. Rows of machines without probes have no estimate; their margin is
+    the mean log latency of such rows in the training set
+    (``meta["margin_fallback"]``), and the trees tell them apart by the
+    missing probe columns.
+
 Artifact: ``member-<i>.json`` per booster (XGBoost's JSON model format; nothing
 is pickled) next to the shared ``meta.json``. Loading refuses an artifact whose
 feature names differ from :data:`~collage_ml.featurize.flat.FEATURES`.
@@ -58,7 +69,7 @@ from typing import Any, Sequence
 import numpy as np
 import xgboost as xgb
 
-from collage_ml.featurize.flat import FEATURES, flat_matrix
+from collage_ml.featurize.flat import FEATURES, ROOF_EST, flat_matrix
 from collage_ml.models.base import ArtifactError, CostModel
 from collage_ml.models.dataset import Dataset, Sample
 
@@ -71,6 +82,9 @@ from collage_ml.models.dataset import Dataset, Sample
 #: data from 30 % of it (MAPE 0.30 -> 0.20, 0.31 -> 0.16) while the error on old data rose by under 10 %;
 #: without replay it rose 2-5x. With ``noise_scale`` 1 the std (median 0.22) covered 85 % of the log errors on
 #: a random 20 % of subgraphs (RMSE 0.20) and 52-69 % on the held-out families (RMSE 0.26-0.42).
+#: ``n_jobs`` is 1: on the 2-vCPU machines here, with both cores busy (another job, a test run), XGBoost's
+#: OpenMP threads wait on each other: one member on 6,012 samples fitted in 1.2 s with 1 thread and 53 s with 2
+#: (Zen 5, family 26 model 2, 2026-12-01, a background collect and other work running).
 DEFAULTS: dict[str, Any] = {
     "n_members": 5,
     "n_estimators": 800,
@@ -85,8 +99,10 @@ DEFAULTS: dict[str, Any] = {
     "replay_ratio": 1.0,
     "noise_scale": 1.0,
     "min_std": 0.01,
-    "n_jobs": 2,
+    "n_jobs": 1,
+    "target": "log",
 }
+TARGETS = ("log", "roofline")
 
 
 class XGBCostModel(CostModel):
@@ -101,6 +117,8 @@ class XGBCostModel(CostModel):
         super().__init__(**{**DEFAULTS, **params})
         if int(self.params["n_members"]) < 1:
             raise ValueError("n_members must be at least 1")
+        if self.params["target"] not in TARGETS:
+            raise ValueError(f"unknown target {self.params['target']!r}; choose one of {', '.join(TARGETS)}")
         self.members: list[xgb.Booster] = []
         self._train: Dataset | None = None  # kept training data (None after load)
         self._n_fit = 0  # size of the last full fit
@@ -126,10 +144,27 @@ class XGBCostModel(CostModel):
     def _features(samples: Sequence[Sample]) -> np.ndarray:
         return flat_matrix([(s.info, s.backend, s.hw) for s in samples])
 
+    def _margin(self, X: np.ndarray) -> np.ndarray | None:
+        """Per-row base margin under the ``roofline`` target (None under ``log``)."""
+        if self.params["target"] != "roofline":
+            return None
+        m = X[:, ROOF_EST].astype(np.float64)
+        bad = ~np.isfinite(m)
+        if bad.any():
+            m[bad] = float(self.meta.get("margin_fallback") or 0.0)
+        return m
+
+    def _set_fallback(self, X: np.ndarray, y: np.ndarray) -> None:
+        if self.params["target"] == "roofline":
+            bad = ~np.isfinite(X[:, ROOF_EST])
+            self.meta["margin_fallback"] = float(y[bad].mean() if bad.any() else y.mean())
+
     def _dmatrix(self, X: np.ndarray, y: np.ndarray, w: np.ndarray) -> xgb.DMatrix:
         keep = w > 0  # out-of-bag rows are left out
+        margin = self._margin(X)
         return xgb.DMatrix(
-            X[keep], label=y[keep], weight=w[keep], feature_names=list(FEATURES), nthread=int(self.params["n_jobs"])
+            X[keep], label=y[keep], weight=w[keep], feature_names=list(FEATURES), nthread=int(self.params["n_jobs"]),
+            base_margin=None if margin is None else margin[keep],
         )
 
     def _weights(self, samples: Sequence[Sample], rng: np.random.Generator) -> np.ndarray:
@@ -148,6 +183,8 @@ class XGBCostModel(CostModel):
 
     def _fit_all(self, data: Dataset) -> None:
         X, y = self._features(data.samples), data.y()
+        self._set_fallback(X, y)
+        margin = self._margin(X)
         rng = np.random.default_rng(int(self.params["seed"]))
         members, oob = [], []
         for i in range(int(self.params["n_members"])):
@@ -158,7 +195,7 @@ class XGBCostModel(CostModel):
             members.append(b)
             out = ~keep
             if out.sum() >= 10:
-                r = b.inplace_predict(X[out]) - y[out]
+                r = b.inplace_predict(X[out], base_margin=None if margin is None else margin[out]) - y[out]
                 oob.append(float(np.sqrt(np.mean(r**2))))
         self.members = members
         self._train = data
@@ -215,7 +252,8 @@ class XGBCostModel(CostModel):
         if not len(samples):
             return np.zeros((len(self.members), 0))
         X = self._features(samples)
-        return np.stack([b.inplace_predict(X) for b in self.members]).astype(np.float64)
+        margin = self._margin(X)
+        return np.stack([b.inplace_predict(X, base_margin=margin) for b in self.members]).astype(np.float64)
 
     def predict_log(self, samples: Sequence[Sample]) -> tuple[np.ndarray, np.ndarray]:
         """Members' mean, and sqrt(members' variance + noise_std**2) (see the module docstring)."""

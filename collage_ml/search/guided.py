@@ -293,7 +293,7 @@ class GuidedSession:
     """Wires :func:`guided_op_level` to a Runner, a cost model and the feedback loop, for one ``place`` call."""
 
     def __init__(self, graph, cands, baselines, runner, database, cost_model, ref, progress: bool, say, cfg: GuidedConfig):
-        from collage_ml.featurize.hardware import HardwareDesc
+        from collage_ml.featurize.hardware import HardwareDesc, calibrated
         from collage_ml.models.feedback import Feedback, resolve_cost_model
 
         self.graph = graph
@@ -306,7 +306,13 @@ class GuidedSession:
         self.cfg = cfg
         db_path = getattr(database, "path", None)
         self.model, self.source, save_to = resolve_cost_model(cost_model, db_path, runner.hardware)
-        self.hw = HardwareDesc.current(runner.threads)
+        # the model reads the machine from its probes: measured here first on a machine the DB has not seen
+        before = runner.measured
+        if getattr(self.model, "uses_probes", True):
+            self.hw = calibrated(runner, [c.backend for c in self.cands + self.baselines], progress=progress, say=say)
+        else:
+            self.hw = HardwareDesc.current(runner.threads)
+        self.probe_measurements = runner.measured - before
         self.feedback = Feedback(self.model, save_to, self.hw)
         self.predicted = 0
         self.result: GuidedResult | None = None

@@ -300,6 +300,8 @@ def _place(graph, backends, mode, db, *, max_region_size, threads, timing, toler
                 "plan_errors": {k: v.get("error_text") for k, v in results.items() if not v.get("valid")},
                 "speedup_vs_best_single": _speedup(best.measured_ms, single_e2e),
                 "measurements": runner.measured,
+                # the probe set's measurements on a machine the database had not seen (part of "measurements")
+                "probe_measurements": guide.probe_measurements if guide else 0,
                 "predicted_candidates": guide.predicted if guide else 0,
                 "pruned": guide.result.pruned if guide else 0,
                 "model_updates": guide.feedback.updates if guide else 0,

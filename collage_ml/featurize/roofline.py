@@ -1,0 +1,174 @@
+"""What the probes say about a (machine, backend): rates, a fixed cost, and a roofline estimate per candidate.
+
+The probe set (:mod:`collage_ml.measure.probes`) runs each kernel at batch 1
+and batch 16. Between the two the work grows by a known factor ``r`` (the
+FLOPs, or the bytes for memory-bound kernels), so a straight line through the
+two points splits each probe's latency into a fixed per-call cost and a rate:
+
+    latency = overhead + work / rate
+    rate = (work_16 - work_1) / (latency_16 - latency_1)
+    overhead = (r * latency_1 - latency_16) / (r - 1)
+
+:class:`Rates` keeps, per class of kernel, the median rate over that class's
+probes (``conv``: dense and transposed convolutions, FLOPs; ``dw``: the
+depthwise convolution, FLOPs; ``mm``: the MatMuls and the attention block,
+FLOPs; ``mem``: elementwise, pooling, reduction and LayerNorm, bytes read plus
+written), and the median of the overheads (floored at 0).
+
+:func:`estimate` turns a candidate into seconds with those numbers: the
+overhead, plus per node the larger of its compute time at its class's rate and
+its memory time at the ``mem`` rate (a roofline, node by node, without
+fusion). It is a crude model on purpose: its job is to carry the machine's
+speed into the features, so that a cost model can learn the *ratio* of a
+latency to it, which moves far less between machines than the latency does.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+from collage_ml.featurize.info import SubgraphInfo, _LRU
+from collage_ml.featurize.schema import OP_INDEX
+
+CLASSES = ("conv", "dw", "mm", "mem")
+
+
+def _names() -> tuple[str, ...]:
+    from collage_ml.measure.probes import probe_names
+
+    return tuple(probe_names())
+
+
+#: the probe columns, fixed when the featurizer is imported (a feature row's length never changes)
+PROBE_NAMES: tuple[str, ...] = _names()
+_CONV_OPS = (OP_INDEX["Conv"], OP_INDEX["ConvTranspose"])
+_MM_OPS = (OP_INDEX["MatMul"], OP_INDEX["Gemm"], OP_INDEX["Einsum"])
+_KERNEL_CLASS = {
+    "conv3x3": "conv", "conv1x1": "conv", "convT4x4s2": "conv", "dwconv3x3": "dw", "matmul": "mm", "attention": "mm",
+}
+
+
+@dataclass(frozen=True)
+class Rates:
+    overhead: float  # seconds per call
+    conv: float  # FLOP/s
+    dw: float
+    mm: float
+    mem: float  # bytes/s
+
+    def vector(self) -> list[float]:
+        """Natural logs: overhead (s), then each class's rate."""
+        return [math.log(max(self.overhead, 1e-9)), *(math.log(getattr(self, c)) for c in CLASSES)]
+
+
+def _class_of(kernel: str) -> str:
+    return _KERNEL_CLASS.get(kernel.split("-", 1)[0], "mem")
+
+
+def probe_work() -> dict[str, tuple[str, float]]:
+    """{probe name: (class, work)}: work is FLOPs for compute classes, bytes read + written for ``mem``."""
+    from collage_ml.measure import probes
+
+    return _probe_work(tuple(p.name for p in probes.PROBES))
+
+
+@functools.lru_cache(maxsize=4)
+def _probe_work(_kernels: tuple[str, ...]) -> dict[str, tuple[str, float]]:
+    from collage_ml.featurize.info import subgraph_info
+    from collage_ml.measure.probes import probe_graphs
+
+    out = {}
+    for name, g in probe_graphs():
+        info = subgraph_info(g.whole())
+        cls = _class_of(name.split("@", 1)[0])
+        v = info.node_values
+        work = float(v[:, 1].sum() + v[:, 2].sum()) if cls == "mem" else float(v[:, 0].sum())
+        out[name] = (cls, work)
+    return out
+
+
+@functools.lru_cache(maxsize=4096)
+def rates(probes: tuple[float | None, ...]) -> Rates | None:
+    """The :class:`Rates` of one backend's probe latencies (in ``probe_names()`` order); None if too few ran."""
+    from collage_ml.measure.probes import BATCHES
+
+    names = PROBE_NAMES
+    if len(probes) != len(names):
+        return None
+    lat = dict(zip(names, probes))
+    work = probe_work()
+    lo, hi = BATCHES[0], BATCHES[-1]
+    per_class: dict[str, list[float]] = {c: [] for c in CLASSES}
+    overheads: list[float] = []
+    for kernel in sorted({n.split("@", 1)[0] for n in names}):
+        a, b = f"{kernel}@b{lo}", f"{kernel}@b{hi}"
+        l1, l2 = lat.get(a), lat.get(b)
+        if l1 is None or l2 is None or a not in work or b not in work:
+            continue
+        cls, w1 = work[a]
+        w2 = work[b][1]
+        if not (w2 > w1 > 0):
+            continue
+        if l2 > l1:
+            per_class[cls].append((w2 - w1) / (l2 - l1))
+        r = w2 / w1
+        overheads.append(max((r * l1 - l2) / (r - 1), 0.0))
+    if not overheads or not per_class["mem"]:
+        return None
+    compute = [x for c in ("conv", "dw", "mm") for x in per_class[c]]
+    fallback = float(np.median(compute)) if compute else None
+    vals = {}
+    for c in CLASSES:
+        xs = per_class[c]
+        v = float(np.median(xs)) if xs else fallback
+        if v is None or not v > 0:
+            return None
+        vals[c] = v
+    return Rates(overhead=float(np.median(overheads)), **vals)
+
+
+_SPLIT = _LRU(100_000)
+
+
+def _split(info: SubgraphInfo) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per node: class index (0 conv, 1 dw, 2 mm, 3 mem), FLOPs, bytes read + written."""
+
+    def compute():
+        ops = info.ops.astype(np.int64)
+        v = info.node_values
+        cls = np.full(len(ops), 3, dtype=np.int64)
+        conv = np.isin(ops, _CONV_OPS)
+        cls[conv] = 0
+        cls[conv & (v[:, 7] > 1)] = 1  # grouped: depthwise-like
+        cls[np.isin(ops, _MM_OPS)] = 2
+        return cls, v[:, 0].astype(np.float64), (v[:, 1] + v[:, 2]).astype(np.float64)
+
+    return _SPLIT.get_or(info.hash, compute)
+
+
+def estimate(info: SubgraphInfo, r: Rates) -> tuple[float, float, float]:
+    """(estimate, compute part, memory part) in seconds for one candidate (see the module docstring)."""
+    cls, flops, moved = _split(info)
+    rate = np.array([r.conv, r.dw, r.mm, math.inf])
+    t_compute = flops / rate[cls]
+    t_memory = moved / r.mem
+    total = r.overhead + float(np.maximum(t_compute, t_memory).sum())
+    return total, float(t_compute.sum()), float(t_memory.sum())
+
+
+def features(info: SubgraphInfo, probes: Sequence[float | None] | None) -> list[float]:
+    """The probe-derived columns of one candidate (see ``flat.HW_PROBE_FEATURES``); NaN without probes."""
+    n = len(PROBE_NAMES)
+    if probes is None or len(probes) != n:
+        return [math.nan] * (len(CLASSES) + 1 + 3 + n)
+    r = rates(tuple(probes))
+    raw = [math.log(p) if p else math.nan for p in probes]
+    if r is None:
+        return [math.nan] * (len(CLASSES) + 1 + 3) + raw
+    est, comp, mem = estimate(info, r)
+    return [*r.vector(), math.log(est), math.log(max(comp, 1e-12)), math.log(max(mem, 1e-12)), *raw]

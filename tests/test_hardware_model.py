@@ -1,0 +1,100 @@
+"""The hardware embedding: probes describe a machine, reach the features, and let a model rank a machine it never saw."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from collage_ml.backends import get_backend
+from collage_ml.candidates import enumerate_candidates
+from collage_ml.featurize import roofline
+from collage_ml.featurize.flat import FEATURES, flat_matrix
+from collage_ml.featurize.hardware import HardwareDesc
+from collage_ml.featurize.info import subgraph_info
+from collage_ml.ir.importers import import_model
+from collage_ml.featurize.roofline import PROBE_NAMES
+from collage_ml.models.dataset import Dataset, Sample
+from collage_ml.models.xgb import XGBCostModel
+
+from .fake_hardware import BASE_RATES, fake_probes
+
+BASE = HardwareDesc(cores=2, threads=2, gpu=False, isa=("avx2",))
+
+
+def test_rates_recover_a_synthetic_machine():
+    r = roofline.rates(tuple(fake_probes(overhead=2e-5, scale=3.0)[n] for n in PROBE_NAMES))
+    assert r is not None
+    assert r.overhead == pytest.approx(2e-5, rel=1e-6)
+    for cls, rate in BASE_RATES.items():
+        assert getattr(r, cls) == pytest.approx(3.0 * rate, rel=1e-6)
+    # too few probes: no rates, and the probe columns are missing rather than made up
+    assert roofline.rates(tuple([None] * len(PROBE_NAMES))) is None
+
+
+def test_descriptor_round_trips_and_picks_the_backend_probes():
+    hw = BASE.with_probes({"onnxruntime": fake_probes(), "openvino": fake_probes(scale=2.0)})
+    assert HardwareDesc.from_json(hw.to_json()) == hw and hash(HardwareDesc.from_json(hw.to_json())) == hash(hw)
+    assert hw.probes_of("onnxruntime[spin=on]") == hw.probes_of("onnxruntime")  # a configuration: its base's
+    assert hw.probes_of("torch") is None
+    with pytest.raises(ValueError, match="hardware descriptor"):
+        HardwareDesc.from_json({"cores": 2})
+    info = subgraph_info(next(iter(enumerate_candidates(import_model("resnet50-tiny"), [get_backend("onnxruntime")], 1))).subgraph)
+    rows = flat_matrix([(info, "onnxruntime", hw), (info, "openvino", hw), (info, "torch", hw)])
+    est = FEATURES.index("roof_log_est")
+    # twice the speed: a lower estimate; no probes: missing (NaN), not zero
+    assert rows[1, est] < rows[0, est] and math.isnan(rows[2, est])
+    assert rows[0, FEATURES.index("hw_isa_avx2")] == 1 and rows[0, FEATURES.index("hw_isa_avx512f")] == 0
+
+
+def _synthetic_latency(info, backend: str, speed: float) -> float:
+    """A fake backend pair: "onnxruntime"'s compute runs ``speed`` times faster on the machine, "openvino"'s
+    does not. Not the roofline formula the features use (other weights, a per-node cost)."""
+    v = info.node_values
+    flops, moved = float(v[:, 0].sum()), float(v[:, 1].sum() + v[:, 2].sum())
+    rate = 3e7 * speed if backend == "onnxruntime" else 4.5e7
+    return 8e-6 + 1.5e-6 * info.n_nodes + flops / rate + 1.3 * moved / 2e8
+
+
+def _machine(speed: float) -> HardwareDesc:
+    """The probe results of the machine with that ``speed`` (what calibrate would measure there)."""
+
+    def backend(compute: float) -> dict[str, float]:
+        return fake_probes(overhead=8e-6, rates={"conv": compute, "dw": compute, "mm": compute, "mem": 2e8 / 1.3})
+
+    return BASE.with_probes({"onnxruntime": backend(3e7 * speed), "openvino": backend(4.5e7)})
+
+
+def test_probes_rank_a_machine_the_model_never_saw():
+    """On a held-out machine where the slower-on-average backend wins, only the model with probes ranks it right."""
+    infos = {}
+    for name in ("resnet50-tiny", "mobilenetv2-tiny", "bert-tiny"):
+        for c in enumerate_candidates(import_model(name), [get_backend("onnxruntime")], 2):
+            infos.setdefault(c.subgraph.hash, subgraph_info(c.subgraph))
+
+    def intensity(i) -> float:
+        v = i.node_values
+        return float(v[:, 0].sum()) / max(float(v[:, 1].sum() + v[:, 2].sum()), 1.0)
+
+    infos = [i for i in infos.values() if intensity(i) > 1.0]  # compute-bound ones
+    assert len(infos) >= 40
+
+    def data(speed: float, probes: bool) -> Dataset:
+        hw = _machine(speed) if probes else BASE
+        return Dataset([Sample(i, b, hw, _synthetic_latency(i, b, speed), "f", "f", hardware=f"m{speed}")
+                        for i in infos for b in ("onnxruntime", "openvino")])
+
+    train_speeds, held_out = (0.8, 1.0, 3.0, 4.0), 1.2  # at 1.2 "openvino" is faster (rate 4.5e7 > 3.6e7)
+    truth = data(held_out, True)
+    onnx_faster = [truth[2 * k].latency < truth[2 * k + 1].latency for k in range(len(infos))]
+    assert not any(onnx_faster)
+    for probes, want in ((True, 1.0), (False, 0.0)):
+        train = Dataset([s for sp in train_speeds for s in data(sp, probes)])
+        m = XGBCostModel(n_members=1, n_estimators=200, seed=0).fit(train)
+        pred, _ = m.predict(list(data(held_out, probes)))
+        right = np.mean([(pred[2 * k] < pred[2 * k + 1]) == onnx_faster[k] for k in range(len(infos))])
+        if probes:
+            assert right >= 0.9, right
+        else:  # the machines look the same without probes: the average over training machines wins
+            assert right <= 0.1, right

@@ -7,9 +7,13 @@ For every model, in one run:
 
 1. exhaustive placement (every candidate measured) into a fresh database;
 2. guided placement into another fresh database with the shipped cost model
-   (``guided``), and again with a cost model trained here on the shipped
-   dataset *without the model's family* (``guided-lofo``: leave-one-family-out,
-   the family is new to it; ``--no-lofo`` skips it);
+   (``guided``), again with a cost model trained here on the shipped
+   datasets *without the model's family* (``guided-lofo``: leave-one-family-out,
+   the family is new to it; ``--no-lofo`` skips it), and with one trained on
+   every dataset *without this machine* (``guided-hwout``: no row of this
+   run's hardware fingerprint, so the machine is new to it and known only by
+   its probes, which the fresh database makes placement measure first;
+   ``--no-hwout`` skips it);
 3. the final plans measured again, alternately in one worker, three rounds
    each; the lower median of each counts (so the plan-latency ratio is not a
    comparison of two different moments).
@@ -40,20 +44,48 @@ from collage_ml.measure.e2e import measure_plan
 from collage_ml.measure.runner import Runner
 from collage_ml.search.evolutionary import EvoConfig
 
-DATASET = Path(__file__).resolve().parent.parent / "datasets" / "cpu-2core-zen4" / "measurements.db"
+ROOT = Path(__file__).resolve().parent.parent
+DATASETS = sorted(p for p in (ROOT / "datasets").glob("*/measurements.db") if "configs" not in p.parent.name)
+
+
+def _all_data():
+    from collage_ml.models import Dataset
+
+    data = Dataset()
+    for p in DATASETS:
+        data = data + Dataset.from_db(p)
+    return data
 
 
 def lofo_model(family: str, kind: str, cache: Path, console: Console):
-    from collage_ml.models import Dataset, create_model, load_model
+    from collage_ml.models import create_model, load_model
 
     art = cache / f"lofo-{kind}-{family}"
     if (art / "meta.json").exists():
         return load_model(art)
-    data = Dataset.from_db(DATASET)
+    data = _all_data()
     train, _ = data.split_by_source([family])
     t = time.perf_counter()
     m = create_model(kind).fit(train)
     console.print(f"[dim]trained {kind} without {family}: {len(train)} samples, {time.perf_counter() - t:.0f} s[/]")
+    m.save(art)
+    return m
+
+
+def hwout_model(kind: str, threads, cache: Path, console: Console):
+    """A model trained on every dataset without this machine (its fingerprint at these threads)."""
+    from collage_ml.measure.hardware import fingerprint
+    from collage_ml.measure.runner import default_threads
+    from collage_ml.models import create_model, load_model
+
+    fp = fingerprint(threads or default_threads())
+    art = cache / f"hwout-{kind}-{fp}"
+    if (art / "meta.json").exists():
+        return load_model(art)
+    train = _all_data().filter(lambda s: s.hardware != fp)
+    t = time.perf_counter()
+    m = create_model(kind).fit(train)
+    console.print(f"[dim]trained {kind} without {fp}: {len(train)} samples, {time.perf_counter() - t:.0f} s[/]")
     m.save(art)
     return m
 
@@ -86,34 +118,39 @@ def main() -> None:
     ap.add_argument("--generations", type=int, default=4)
     ap.add_argument("--cost-model", default="default", help="artifact for the non-LOFO form")
     ap.add_argument("--no-lofo", action="store_true", help="skip the leave-one-family-out guided run")
-    ap.add_argument("--kind", default="xgb", help="model kind trained for the leave-one-family-out run")
+    ap.add_argument("--no-hwout", action="store_true", help="skip the guided run with this machine left out")
+    ap.add_argument("--kind", default="xgb", help="model kind trained for the leave-one-family-out and "
+                                                  "machine-out runs")
     ap.add_argument("--out", default=None)
     ap.add_argument("--table-only", action="store_true")
     args = ap.parse_args()
     models = zoo.names(include_tiny=False) if args.models == "all" else args.models.split(",")
     out = Path(args.out or "benchmarks/results/guided.json")
-    variants = ["exhaustive", "guided"] + ([] if args.no_lofo else ["guided-lofo"])
+    variants = (["exhaustive", "guided"] + ([] if args.no_lofo else ["guided-lofo"])
+                + ([] if args.no_hwout else ["guided-hwout"]))
     results = json.loads(out.read_text()) if out.exists() else {}
     console = Console(width=200)
     cache = Path(".cache/guided-bench")
     cache.mkdir(parents=True, exist_ok=True)
     evo = EvoConfig(generations=args.generations)
     for m in [] if args.table_only else models:
-        if m in results:
+        if m in results and all(v in results[m] for v in variants):
             continue
         console.print(f"[bold]{m}[/]")
         family = zoo.get(m).family
         work = cache / "dbs" / m  # fresh for every run, kept afterwards for a post-mortem
         shutil.rmtree(work, ignore_errors=True)
         work.mkdir(parents=True)
-        row = {}
-        for variant in variants:
+        row = dict(results.get(m, {}))
+        for variant in [v for v in variants if v not in row]:
             mode = "exhaustive" if variant == "exhaustive" else "guided"
             kw = {}
             if variant == "guided":
                 kw["cost_model"] = args.cost_model
             elif variant == "guided-lofo":
                 kw["cost_model"] = lofo_model(family, args.kind, cache, console)
+            elif variant == "guided-hwout":
+                kw["cost_model"] = hwout_model(args.kind, args.threads, cache, console)
             t = time.perf_counter()
             pm = collage_ml.place(m, backends=args.backends, mode=mode, db=work / f"{variant}.db",
                                   max_region_size=args.max_region_size, threads=args.threads, progress=False,
@@ -123,6 +160,7 @@ def main() -> None:
                 "wall_seconds": time.perf_counter() - t,
                 "search_seconds": rep["search_seconds"],
                 "measurements": rep["measurements"],
+                "probe_measurements": rep.get("probe_measurements", 0),
                 "e2e_measurements": rep["e2e_measurements"],
                 "plan_latency_ms": rep["plan_latency_ms"],
                 "chosen": rep["chosen"],
@@ -133,7 +171,10 @@ def main() -> None:
                 "plan": pm.plan.to_json(),
             }
             row[variant]["_plan"] = pm.plan
-        again = remeasure(m, {k: row[k].pop("_plan") for k in variants}, args.threads)
+        from collage_ml.plan import Plan
+
+        plans = {k: row[k].pop("_plan") if "_plan" in row[k] else Plan.from_json(row[k]["plan"]) for k in variants}
+        again = remeasure(m, plans, args.threads)
         for k in again:
             row[k]["remeasured_ms"] = None if again[k] is None else again[k] * 1e3
         results[m] = row
@@ -144,7 +185,9 @@ def main() -> None:
 
 
 def table(results, models, console, args, variant: str) -> None:
-    what = "leave-one-family-out cost model" if variant == "guided-lofo" else "shipped cost model"
+    what = {"guided-lofo": "leave-one-family-out cost model",
+            "guided-hwout": "cost model that never saw this machine, probes measured first"}.get(variant,
+                                                                                               "shipped cost model")
     t = Table(title=f"guided ({what}) vs exhaustive placement, max region {args.max_region_size}, fresh databases")
     for c in ("model", "exh. meas.", "guided meas.", "meas. ratio", "exh. plan ms", "guided plan ms",
               "latency ratio", "exh. search s", "guided search s", "speed-up", "missed"):

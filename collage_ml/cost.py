@@ -112,9 +112,14 @@ class Measurement:
         return "valid" if self.valid else ("failed" if self.failed else "invalid")
 
     @property
+    def contended(self) -> bool:
+        """Timed while something else used the CPUs (``extra["contended"]``): kept, but not clean."""
+        return bool(self.extra.get("contended"))
+
+    @property
     def retryable(self) -> bool:
-        """A failed measurement that has attempts left: a later run measures it again."""
-        return self.status == "failed" and self.attempts < MAX_ATTEMPTS
+        """A failed or contended measurement that has attempts left: a later run measures it again."""
+        return (self.status == "failed" or (self.valid and self.contended)) and self.attempts < MAX_ATTEMPTS
 
     @property
     def cost(self) -> Cost:

@@ -594,14 +594,37 @@ class Database:
 
     @staticmethod
     def _replace_failed(c: sqlite3.Connection, row: tuple) -> bool:
-        """Inside a transaction: ``row``'s key exists; replace it if that row failed. True if it changed."""
+        """Inside a transaction: ``row``'s key exists; replace it if that row is not settled. True if it changed.
+
+        A ``failed`` row gives way to any later result (a later failure adds one to its attempts). A valid row
+        timed under contention (``extra.contended``) with attempts left gives way to a later valid one only;
+        the replaced timing is kept in the new row's ``extra["earlier"]``, so nothing measured is lost. A
+        later failure of a contended row only counts the attempt."""
         cols = dict(zip(_MEASUREMENT_COLUMNS, row))
         where = " AND ".join(f"{k} = ?" for k in _KEY_COLUMNS)
         key = [cols[k] for k in _KEY_COLUMNS]
-        old = c.execute(f"SELECT attempts FROM measurements WHERE {where} AND status = 'failed'", key).fetchone()
+        old = c.execute(f"SELECT attempts, status, extra, median, timestamp FROM measurements WHERE {where}",
+                        key).fetchone()
         if old is None:
             return False
-        cols["attempts"] = int(old[0]) + 1
+        attempts, status, extra_text, median, ts = old
+        if status != "failed":
+            try:
+                extra = json.loads(extra_text or "{}")
+            except ValueError:
+                return False
+            if status != "valid" or not extra.get("contended") or int(attempts) >= MAX_ATTEMPTS:
+                return False
+            if cols["status"] != "valid":  # a failure after a contended timing: count it, keep the timing
+                return c.execute(f"UPDATE measurements SET attempts = ? WHERE {where}",
+                                 (int(attempts) + 1, *key)).rowcount == 1
+            new_extra = json.loads(cols["extra"] or "{}")
+            earlier = list(extra.get("earlier", []))
+            earlier.append({"median": median, "timestamp": ts, "cpu_pressure": extra.get("cpu_pressure"),
+                            "contended": True})
+            new_extra["earlier"] = earlier
+            cols["extra"] = _json(new_extra)
+        cols["attempts"] = int(attempts) + 1
         sets = ", ".join(f"{k} = ?" for k in _MEASUREMENT_COLUMNS if k not in _KEY_COLUMNS)
         vals = [cols[k] for k in _MEASUREMENT_COLUMNS if k not in _KEY_COLUMNS]
         return c.execute(f"UPDATE measurements SET {sets} WHERE {where}", (*vals, *key)).rowcount == 1
@@ -651,14 +674,17 @@ class Database:
 
     def known_keys(self, hardware: str, protocol: str | None = None) -> set[tuple[str, str, str]]:
         """Every ``(subgraph_hash, backend, backend_version)`` settled on ``hardware`` under ``protocol``
-        (default: the current one): valid, invalid, or failed with no attempts left. A failed key with
-        attempts left is not settled: the next run measures it again."""
+        (default: the current one): valid, invalid, or failed with no attempts left. A failed key, or a valid
+        one timed under contention, with attempts left is not settled: the next run measures it again."""
+        status, attempts = self._col("status"), self._col("attempts")
+        contended = "COALESCE(json_extract(extra, '$.contended'), 0)"
         return self._read(
             lambda c: {
                 tuple(r)
                 for r in c.execute(
                     f"SELECT subgraph_hash, backend, backend_version FROM measurements WHERE hardware = ? "
-                    f"AND {self._col('protocol')} = ? AND ({self._col('status')} != 'failed' OR {self._col('attempts')} >= ?)",
+                    f"AND {self._col('protocol')} = ? AND (({status} != 'failed' AND NOT ({status} = 'valid' AND "
+                    f"{contended})) OR {attempts} >= ?)",
                     (hardware, protocol or PROTOCOL, MAX_ATTEMPTS),
                 )
             },

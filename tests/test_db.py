@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import random
 import signal
@@ -550,3 +551,36 @@ def test_export_parquet_without_pyarrow(tmp_path, db, monkeypatch):
     with pytest.raises(CollageError, match="pip install pyarrow"):
         db.export_parquet(tmp_path / "m.parquet")
     assert not (tmp_path / "m.parquet").exists()
+
+
+def test_a_contended_timing_is_measured_again_and_kept(db):
+    """A valid row timed under contention is not settled: a later clean timing replaces it (the contended one is
+    kept in ``extra["earlier"]``), a later failure only counts the attempt, and after MAX_ATTEMPTS it is settled."""
+    from collage_ml.cost import MAX_ATTEMPTS
+
+    key = CandidateKey("c" * 40, "onnxruntime", "1.0")
+
+    def m(median, contended=False, failed=False):
+        valid = not failed
+        return Measurement(key, "hw", valid, [median] if valid else [], median if valid else None, 0.01,
+                           failed=failed, error_text="timeout: 1 s" if failed else "",
+                           extra={"contended": contended, "cpu_pressure": 0.4 if contended else 0.0})
+
+    assert db.commit(m(2e-3, contended=True))
+    got = db.get(key, "hw")
+    assert got.contended and got.retryable and db.known_keys("hw") == set()
+    assert db.commit(m(0, failed=True))  # a failure after it: the timing stays, the attempt counts
+    got = db.get(key, "hw")
+    assert got.valid and got.median == 2e-3 and got.attempts == 2
+    assert db.commit(m(1e-3))  # clean: replaces it, and remembers the contended one
+    got = db.get(key, "hw")
+    assert got.median == 1e-3 and not got.contended and not got.retryable and got.attempts == 3
+    assert got.extra["earlier"][0]["median"] == 2e-3 and got.extra["earlier"][0]["contended"]
+    assert db.known_keys("hw") == {(key.subgraph_hash, key.backend, key.backend_version)}
+    assert not db.commit(m(5e-4))  # a clean row is never overwritten
+    # a row contended on every attempt is settled after MAX_ATTEMPTS
+    k2 = CandidateKey("d" * 40, "onnxruntime", "1.0")
+    for _ in range(MAX_ATTEMPTS):
+        db.commit(dataclasses.replace(m(3e-3, contended=True), key=k2))
+    assert db.get(k2, "hw").attempts == MAX_ATTEMPTS and not db.get(k2, "hw").retryable
+    assert not db.commit(dataclasses.replace(m(1e-3), key=k2))

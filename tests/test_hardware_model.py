@@ -98,3 +98,28 @@ def test_probes_rank_a_machine_the_model_never_saw():
             assert right >= 0.9, right
         else:  # the machines look the same without probes: the average over training machines wins
             assert right <= 0.1, right
+
+
+def test_an_artifact_from_before_the_hardware_features_is_refused(tmp_path, capsys):
+    """Schema 1 (cores, threads and GPU only, the old GNN featurization): refused with one clear line, in the CLI too."""
+    import json
+
+    from collage_ml import cli
+    from collage_ml.featurize.schema import SchemaError
+    from collage_ml.models.base import load_model
+
+    infos = [subgraph_info(c.subgraph) for c in enumerate_candidates(import_model("dcgan-tiny"), [get_backend("onnxruntime")], 1)]
+    d = XGBCostModel(n_members=1, n_estimators=5).fit(Dataset([Sample(i, "onnxruntime", BASE, 1e-4) for i in infos]))
+    art = d.save(tmp_path / "old")
+    meta = json.loads((art / "meta.json").read_text())
+    meta["schema_version"] = 1
+    meta["hw"] = {"cores": 2, "threads": 2, "gpu": False}  # the schema-1 descriptor
+    (art / "meta.json").write_text(json.dumps(meta))
+    with pytest.raises(SchemaError, match="feature schema 1, but this collage-ml uses schema 2"):
+        load_model(art)
+    from pathlib import Path
+
+    db = Path(__file__).resolve().parents[1] / "datasets" / "cpu-2core-zen4-t1" / "measurements.db"
+    assert cli.main(["eval", "--db", str(db), "--artifact", str(art)]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "feature schema 1" in err[0] and "Traceback" not in err[0], err

@@ -124,15 +124,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _table(title: str, columns: Sequence[str], rows: Sequence[Sequence[object]]) -> None:
-    from rich.console import Console
-    from rich.table import Table
+    from collage_ml.ui import print_table
 
-    t = Table(title=title)
-    for c in columns:
-        t.add_column(c)
-    for r in rows:
-        t.add_row(*("" if v is None else str(v) for v in r))
-    Console().print(t)
+    print_table(title, columns, rows)
 
 
 def _cmd_backends(args) -> int:

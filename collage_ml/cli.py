@@ -224,7 +224,7 @@ def _cmd_place(args) -> int:
 
         try:
             Path(args.report).parent.mkdir(parents=True, exist_ok=True)
-            Path(args.report).write_text(json.dumps(rep, indent=1))
+            Path(args.report).write_text(json.dumps(dict(rep), indent=1))
         except OSError as e:
             raise CollageError(f"cannot write the report to {args.report}: {e.strerror or e}") from None
         _show(api.show(pm, db=args.db), Path(args.report).with_suffix(".svg"), required=False)

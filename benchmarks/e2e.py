@@ -52,7 +52,7 @@ def main() -> None:
                               max_region_size=args.max_region_size, threads=args.threads, progress=True,
                               log=lambda s: console.print(f"[dim]{s}[/]"), graph_level=not args.no_graph_level,
                               evo_config=EvoConfig(generations=args.generations))
-        results[key] = pm.report
+        results[key] = dict(pm.report)
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(results, indent=1, default=str))
     from rich.markup import escape

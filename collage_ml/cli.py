@@ -124,15 +124,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _table(title: str, columns: Sequence[str], rows: Sequence[Sequence[object]]) -> None:
-    from rich.console import Console
-    from rich.table import Table
+    from collage_ml.ui import print_table
 
-    t = Table(title=title)
-    for c in columns:
-        t.add_column(c)
-    for r in rows:
-        t.add_row(*("" if v is None else str(v) for v in r))
-    Console().print(t)
+    print_table(title, columns, rows)
 
 
 def _cmd_backends(args) -> int:
@@ -230,7 +224,7 @@ def _cmd_place(args) -> int:
 
         try:
             Path(args.report).parent.mkdir(parents=True, exist_ok=True)
-            Path(args.report).write_text(json.dumps(rep, indent=1))
+            Path(args.report).write_text(json.dumps(dict(rep), indent=1))
         except OSError as e:
             raise CollageError(f"cannot write the report to {args.report}: {e.strerror or e}") from None
         _show(api.show(pm, db=args.db), Path(args.report).with_suffix(".svg"), required=False)

@@ -50,6 +50,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 from collage_ml.db import default_db_path
 from collage_ml.defaults import MAX_REGION_SIZE
 from collage_ml.errors import CollageError, describe
+from collage_ml.ui import Bar
 
 SAMPLERS = ("enumerate", "random", "focus")
 #: the share of inductor candidates measured (its compiles take 1-15 s each)
@@ -611,74 +612,6 @@ def _fmt_time(seconds: float) -> str:
     return f"{h}h{m:02d}m{sec:02d}s" if h else f"{m}m{sec:02d}s" if m else f"{sec}s"
 
 
-# ----------------------------------------------------------------------------- progress
-
-
-class _Progress:
-    """The progress bar (stderr): ETA, candidates per minute and invalid count by backend; a no-op when disabled."""
-
-    def __init__(self, enabled: bool):
-        self.enabled = enabled
-        self._p = None
-        self._task = None
-        self._plan_task = None
-
-    def __enter__(self) -> "_Progress":
-        if self.enabled:
-            from rich.console import Console
-            from rich.progress import (
-                BarColumn, MofNCompleteColumn, Progress, ProgressColumn, TextColumn, TimeElapsedColumn,
-                TimeRemainingColumn,
-            )
-            from rich.text import Text
-
-            class RateColumn(ProgressColumn):
-                def render(self, task):
-                    if task.fields.get("kind") != "measure":
-                        return Text("")
-                    if not task.elapsed or not task.completed:
-                        return Text("-- /min", style="progress.data.speed")
-                    return Text(f"{task.completed / task.elapsed * 60:.1f}/min", style="progress.data.speed")
-
-            self._p = Progress(
-                TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), RateColumn(),
-                TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(), TextColumn("{task.fields[invalid]}"),
-                console=Console(stderr=True),
-            )
-            self._p.__enter__()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        if self._p is not None:
-            self._p.__exit__(*exc)
-            self._p = None
-
-    def planning(self, label: str) -> None:
-        if self._p is None:
-            return
-        if self._plan_task is None:
-            self._plan_task = self._p.add_task("planning", total=None, invalid="", kind="plan")
-        self._p.update(self._plan_task, description=f"planning {label}", advance=1)
-
-    def planned(self) -> None:
-        if self._p is not None and self._plan_task is not None:
-            self._p.update(self._plan_task, total=1, completed=1, visible=False)
-
-    def start(self, total: int) -> None:
-        if self._p is None:
-            return
-        self._task = self._p.add_task("measuring", total=total, invalid="", kind="measure")
-
-    def phase(self, text: str) -> None:
-        if self._p is not None and self._task is not None:
-            self._p.update(self._task, description=text)
-
-    def advance(self, summary: CollectSummary) -> None:
-        if self._p is not None and self._task is not None:
-            inv = ", ".join(f"{b} {c['invalid']}" for b, c in summary.by_backend.items() if c["invalid"])
-            self._p.update(self._task, advance=1, invalid=f"invalid: {inv}" if inv else "invalid: 0")
-
-
 # ----------------------------------------------------------------------------- collect
 
 
@@ -791,14 +724,22 @@ def collect(
         from collage_ml.models.base import CostModel
         from collage_ml.models.feedback import Feedback, updated_path
 
+        from collage_ml.measure.probes import PROBE_SET_VERSION
+
         cost_model = _load_cost_model(cost_model)
-        if isinstance(cost_model, CostModel) and not dry_run:
-            feedback = Feedback(cost_model, updated_path(db_path, hw, cost_model.kind), HardwareDesc.current(threads))
+        if isinstance(cost_model, CostModel):
+            # this machine, with the probe results the database holds for it (`collage-ml calibrate` records them)
+            here = HardwareDesc.current(threads).with_probes(
+                database.probe_table(hw, PROBE_SET_VERSION) if database is not None else None)
+            cost_model.hw = here  # the focus sampler's predictions are for this machine
+            if not dry_run:
+                feedback = Feedback(cost_model, updated_path(db_path, hw, cost_model.kind), here)
     try:
         known = database.known_keys(hw, getattr(timing, "name", None)) if database is not None else set()
         if _skip:
             known |= {tuple(k) for k in _skip.get(hw, ())}
-        with _Progress(progress) as prog:
+        # the progress bar (stderr): ETA, candidates per minute and invalid count by backend
+        with Bar(progress, stderr=True, rate=True) as prog:
             p = plan(
                 models, backends, sampler=sampler, shard=shard_t, seed=seed, threads=threads,
                 max_region_size=max_region_size, batch_sizes=batch_sizes, inductor_fraction=inductor_fraction,
@@ -825,7 +766,7 @@ def collect(
                 summary.remaining = p.planned
             else:
                 total = p.planned if max_candidates is None else min(p.planned, int(max_candidates))
-                prog.start(total)
+                prog.task("measuring", total)
                 _measure(p, database, summary, prog, t_start, budget_minutes, max_candidates, threads, timing,
                          timeout, on_measurement, feedback)
         summary.elapsed_s = _clock() - t_start
@@ -840,14 +781,17 @@ def collect(
 
 
 def _measure(
-    p: CollectPlan, db, summary: CollectSummary, prog: _Progress, t_start: float, budget_minutes, max_candidates,
+    p: CollectPlan, db, summary: CollectSummary, prog: Bar, t_start: float, budget_minutes, max_candidates,
     threads: int, timing, timeout: float, on_measurement, feedback=None,
 ) -> None:
+    """Measures the plan's items through the tuner's measure step, which commits each measurement and
+    hands it to ``feedback`` (the focus sampler's cost model; flushed once per source)."""
     from collage_ml.candidates import Candidate
     from collage_ml.cost import CandidateKey
     from collage_ml.ir.graph import SubGraph
     from collage_ml.measure.runner import Runner
     from collage_ml.measure.timing import TimingConfig
+    from collage_ml.search.tuner import Tuner
 
     deadline = None if budget_minutes is None else t_start + budget_minutes * 60
     done = 0  # planned items dealt with: measured, or found in the DB meanwhile
@@ -861,6 +805,7 @@ def _measure(
         return None
 
     runner = Runner(db=db, threads=threads, timeout=timeout, timing=timing or TimingConfig())
+    tuner = Tuner(runner, feedback=feedback)
     try:
         for work in p.works:
             if (why := stop_reason()) is not None:
@@ -902,25 +847,25 @@ def _measure(
                             summary.cache_hits += 1
                             summary.by_backend[backend.name]["cache_hits"] += 1
                             done += 1
-                            prog.advance(summary)
+                            prog.step()
                             continue
                         chunk.append(c)
-                    for c, m in zip(chunk, runner.measure_many(chunk, reference, work.family)):
+                    new: dict = {}
+                    ms = tuner.measure(chunk, reference, work.family, on_result=lambda c, m, n: new.update({c.key: n}))
+                    for c, m in zip(chunk, ms):
                         done += 1
-                        if not getattr(m, "committed", True):  # refused: another process committed it first
+                        if not new[c.key]:  # another process committed it first
                             summary.cache_hits += 1
                             summary.by_backend[backend.name]["cache_hits"] += 1
-                            prog.advance(summary)
+                            prog.step()
                             continue
-                        if feedback is not None:
-                            feedback.add([(c, m)])
                         summary._record(backend.name, work.family, m.valid)
                         if on_measurement is not None:
                             on_measurement(m)
-                        prog.advance(summary)
+                        prog.step(backend.name, m.valid)
                 if summary.stopped != "complete":
                     break
-            if feedback is not None and feedback.flush(work.family):
+            if tuner.flush(work.family):
                 summary.model_updates += 1
             del reference, graph
             if summary.stopped != "complete":

@@ -340,7 +340,7 @@ class PlacedModel:
         self.graph = graph
         self.plan = plan
         self.threads = threads
-        self.report: dict[str, Any] = {}
+        self.report: Mapping[str, Any] = {}  # place sets a PlaceReport; a loaded model, the JSON object
         order = plan.execution_order(graph)
         self._steps: list[tuple[Executable, tuple[str, ...], tuple[str, ...]]] = []
         from collage_ml.backends.onnxruntime_backend import check_pool_compatible
@@ -409,7 +409,7 @@ class PlacedModel:
         plan["model_sha256"] = _sha256(d / "model.onnx")
         (d / "plan.json").write_text(json.dumps(plan, indent=1))
         if self.report:
-            (d / "report.json").write_text(json.dumps(self.report, indent=1, default=str))
+            (d / "report.json").write_text(json.dumps(dict(self.report), indent=1, default=str))
         return d
 
     def time(self, inputs: Mapping[str, Any] | None = None, timing=None) -> float:

@@ -2,8 +2,11 @@
 
 The order, bottom to top (a module's layer is its top-level module or package under ``collage_ml``):
 
-    errors, cost, paths, defaults < ir < backends < candidates, plan < measure < db < featurize < models < search
-    < collector, sampling < api, viz < cli, __main__, __init__
+    errors, cost, paths, defaults, ui < ir < backends < candidates, plan < measure < db < featurize < models
+    < search < collector, sampling < api, viz < cli, __main__, __init__
+
+``ui`` (progress bars and tables, on rich) is at the bottom because place (``search``), collect and train
+(``models``) all use it.
 
 Imports inside functions count: a lazy import is still a dependency. The package root itself
 (``import collage_ml`` for ``__version__`` or ``__file__``) may be imported from anywhere: its ``__init__``
@@ -20,7 +23,7 @@ from pathlib import Path
 PKG = Path(__file__).resolve().parents[1] / "collage_ml"
 
 ORDER = [
-    {"errors", "cost", "paths", "defaults"},
+    {"errors", "cost", "paths", "defaults", "ui"},
     {"ir"},
     {"backends"},
     {"candidates", "plan"},
@@ -30,7 +33,7 @@ ORDER = [
     {"models"},
     {"search"},
     {"collector", "collect", "sampling"},
-    {"api", "viz", "ui"},
+    {"api", "viz"},
     {"cli", "__main__", "__init__"},
 ]
 LAYER = {name: i for i, names in enumerate(ORDER) for name in names}

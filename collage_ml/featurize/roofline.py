@@ -34,18 +34,13 @@ import numpy as np
 
 from collage_ml.featurize.info import SubgraphInfo, _LRU
 from collage_ml.featurize.schema import OP_INDEX
+from collage_ml.measure.probes import PROBE_COLUMNS
 
 CLASSES = ("conv", "dw", "mm", "mem")
 
 
-def _names() -> tuple[str, ...]:
-    from collage_ml.measure.probes import probe_names
-
-    return tuple(probe_names())
-
-
-#: the probe columns, fixed when the featurizer is imported (a feature row's length never changes)
-PROBE_NAMES: tuple[str, ...] = _names()
+#: the probe columns (fixed at import; see ``measure.probes.PROBE_COLUMNS``)
+PROBE_NAMES: tuple[str, ...] = PROBE_COLUMNS
 _CONV_OPS = (OP_INDEX["Conv"], OP_INDEX["ConvTranspose"])
 _MM_OPS = (OP_INDEX["MatMul"], OP_INDEX["Gemm"], OP_INDEX["Einsum"])
 _KERNEL_CLASS = {

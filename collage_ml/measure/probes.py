@@ -24,6 +24,8 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from collage_ml.ui import Bar
+
 #: bump when a probe changes: results of another probe-set version are never mixed in
 PROBE_SET_VERSION = 1
 PROBE_FAMILY = "probe"
@@ -173,6 +175,11 @@ PROBES: tuple[ProbeSpec, ...] = (
 )
 
 
+#: every probe of this probe-set version, fixed at import: the featurizer's probe columns (tests that measure a
+#: subset, by replacing :data:`PROBES`, leave the other columns missing, never shorter rows)
+PROBE_COLUMNS: tuple[str, ...] = tuple(f"{p.name}@b{b}" for p in PROBES for b in BATCHES)
+
+
 def probe_names() -> list[str]:
     """Every probe's name, ``<kernel>@b<batch>``, in the set's order."""
     return [f"{p.name}@b{b}" for p in PROBES for b in BATCHES]
@@ -215,13 +222,13 @@ def ensure_probes(
     if say:
         say(f"measuring the probe set on {', '.join(b.name for b in todo)} (once per machine and backend)")
     graphs = probe_graphs()
-    bar = _Bar(progress, len(graphs) * len(todo))
+    bar = Bar(progress, transient=True).start().task("probes", len(graphs) * len(todo))
     try:
         for name, g in graphs:
             ref = g.reference(seed=0)
             for b in todo:
                 if name in out[b.name]:
-                    bar.advance()
+                    bar.step()
                     continue
                 sg = g.whole()
                 if not all(b.supports(g, n) for n in g.nodes):
@@ -233,26 +240,7 @@ def ensure_probes(
                 if db is not None:
                     db.commit_probe(runner.hardware, b.name, b.version, runner.timing.name, PROBE_SET_VERSION,
                                     name, value, sg.hash)
-                bar.advance()
+                bar.step()
     finally:
         bar.close()
     return out
-
-
-class _Bar:
-    def __init__(self, enabled: bool, total: int):
-        self.p = None
-        if enabled:
-            from rich.progress import Progress
-
-            self.p = Progress(transient=True)
-            self.p.start()
-            self.task = self.p.add_task("probes", total=total)
-
-    def advance(self) -> None:
-        if self.p is not None:
-            self.p.advance(self.task)
-
-    def close(self) -> None:
-        if self.p is not None:
-            self.p.stop()

@@ -88,21 +88,14 @@ def _progress_enabled(args) -> bool:
 
 def _metrics_table(title: str, rows: dict[str, dict[str, Any]]) -> None:
     """One column per family (and "all"), one row per metric."""
-    from rich.console import Console
-    from rich.table import Table
-
     from collage_ml.models.evaluate import METRIC_LABELS, METRICS, format_metric
+    from collage_ml.ui import print_table
 
-    t = Table(title=title)
-    t.add_column("metric")
-    for fam in rows:
-        t.add_column(fam, justify="right")
-    t.add_row("samples", *(str(m.get("n", "")) for m in rows.values()))
-    for k in METRICS:
-        t.add_row(METRIC_LABELS.get(k, k), *(format_metric(k, m.get(k)) for m in rows.values()))
-    t.add_row("decision groups", *(str(m.get("n_groups", "")) for m in rows.values()))
-    t.add_row("backend groups", *(str(m.get("n_backend_groups", "")) for m in rows.values()))
-    Console().print(t)
+    lines = [("samples", *(m.get("n", "") for m in rows.values()))]
+    lines += [(METRIC_LABELS.get(k, k), *(format_metric(k, m.get(k)) for m in rows.values())) for k in METRICS]
+    lines.append(("decision groups", *(m.get("n_groups", "") for m in rows.values())))
+    lines.append(("backend groups", *(m.get("n_backend_groups", "") for m in rows.values())))
+    print_table(title, ["metric", *rows], lines, right=rows)
 
 
 # ----------------------------------------------------------------------------- train

@@ -28,6 +28,7 @@ from collage_ml.cost import CandidateKey, Measurement
 from collage_ml.featurize.hardware import HardwareDesc
 from collage_ml.featurize.info import SubgraphInfo, info_from_onnx, subgraph_info
 from collage_ml.measure.probes import PROBE_SET_VERSION
+from collage_ml.ui import steps
 
 
 @dataclass(frozen=True)
@@ -155,7 +156,7 @@ class Dataset:
             hw_cache: dict[tuple[str, int], HardwareDesc] = {}
             out: list[Sample] = []
             skipped = 0
-            bar = _progress(len(rows), "featurizing", progress)
+            bar = steps(len(rows), "featurizing", progress)
             for m in rows:
                 bar()
                 if m.median is None or not m.median > 0:
@@ -208,25 +209,6 @@ class Dataset:
                        family or m.family, c.key, m.hardware, c.pattern)
             )
         return Dataset(out)
-
-
-def _progress(total: int, what: str, enabled: bool) -> Callable[..., None]:
-    """A tiny rich progress callback: call it once per item, then with done=True."""
-    if not enabled or total == 0:
-        return lambda done=False: None
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-
-    p = Progress(TextColumn(what), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(), transient=True)
-    p.start()
-    task = p.add_task(what, total=total)
-
-    def step(done: bool = False) -> None:
-        if done:
-            p.stop()
-        else:
-            p.advance(task)
-
-    return step
 
 
 def items_of(objs: Sequence[Any], hw: HardwareDesc) -> list[Sample]:

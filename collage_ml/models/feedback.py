@@ -1,7 +1,9 @@
 """The one feedback loop: measurements made by ``place`` (and ``collect``) update the cost model.
 
-Every measurement is committed to the database by the Runner as it arrives.
-:class:`Feedback` collects the same (candidate, measurement) pairs, passes the
+Every measurement is committed to the database by the Runner as it arrives,
+inside the tuner's one measure step (:meth:`collage_ml.search.tuner.Tuner.measure`),
+which hands each new one to a :class:`Feedback`. It collects those (candidate,
+measurement) pairs and, on :meth:`Feedback.flush`, passes the
 valid ones to :meth:`CostModel.update <collage_ml.models.base.CostModel.update>`
 and saves the updated model *next to the database*, at
 ``<db folder>/cost-models/<fingerprint>-<kind>``. The next run that asks for

@@ -4,7 +4,8 @@ The loop (:func:`guided_op_level`) works on the candidate list the exhaustive
 mode would measure in full:
 
 1. Every candidate gets a predicted latency and a log-space uncertainty.
-2. **Calibration.** Predictions are compared with every measurement made so
+2. **Bias correction** (:class:`BiasCorrection`; not the probe set, which
+   ``collage-ml calibrate`` runs). Predictions are compared with every measurement made so
    far in this run (and the database's cache hits): the per-backend median
    log residual is a bias that shifts that backend's predictions, and the
    90th percentile of the absolute de-biased residuals is a spread added (in
@@ -34,8 +35,8 @@ the result says so. ``measure_budget`` caps new measurements; when it runs
 out, the plan is solved over measured candidates only.
 
 ``measure(keys)`` is injected, so the loop is tested against deterministic
-cost tables (tests/test_guided.py) and wired to the real Runner by
-:mod:`collage_ml.search.tuner`.
+cost tables (tests/test_guided.py) and wired to the tuner's measure step by
+:class:`collage_ml.search.strategies.Guided`. This module imports neither.
 """
 
 from __future__ import annotations
@@ -84,7 +85,7 @@ class GuidedResult:
     fell_back: bool  # the model disagreed with the measurements; everything was measured
     budget_hit: bool
     tau: float | None  # rank agreement of predictions with this run's measurements
-    calibration: Calibration  # as fitted on this run's measurements; the later stages reuse it
+    calibration: BiasCorrection  # as fitted on this run's measurements; the later stages reuse it
     log: list[str] = field(default_factory=list)
 
     @property
@@ -112,7 +113,7 @@ def kendall_tau(a: Sequence[float], b: Sequence[float]) -> float | None:
     return float(prod.sum() / len(prod))
 
 
-class Calibration:
+class BiasCorrection:
     """Per-backend log bias and a residual spread from (prediction, measurement) pairs."""
 
     def __init__(self, cfg: GuidedConfig):
@@ -178,7 +179,7 @@ def guided_op_level(
     by_mask: dict[int, list[int]] = {}
     for i, c in enumerate(cands):
         by_mask.setdefault(c.subgraph.mask, []).append(i)
-    cal = Calibration(cfg)
+    cal = BiasCorrection(cfg)
     new = 0
     rounds = 0
     fell_back = budget_hit = False
@@ -287,197 +288,3 @@ def guided_op_level(
         calibration=cal,
         log=lines,
     )
-
-
-class GuidedSession:
-    """Wires :func:`guided_op_level` to a Runner, a cost model and the feedback loop, for one ``place`` call."""
-
-    def __init__(self, graph, cands, baselines, runner, database, cost_model, ref, progress: bool, say, cfg: GuidedConfig):
-        from collage_ml.featurize.hardware import HardwareDesc, calibrated
-        from collage_ml.models.feedback import Feedback, resolve_cost_model
-
-        self.graph = graph
-        self.cands = list(cands)
-        self.baselines = list(baselines)
-        self.runner = runner
-        self.ref = ref
-        self.progress = progress
-        self.say = say
-        self.cfg = cfg
-        db_path = getattr(database, "path", None)
-        self.model, self.source, save_to = resolve_cost_model(cost_model, db_path, runner.hardware)
-        # the model reads the machine from its probes: measured here first on a machine the DB has not seen
-        before = runner.measured
-        if getattr(self.model, "uses_probes", True):
-            self.hw = calibrated(runner, [c.backend for c in self.cands + self.baselines], progress=progress, say=say)
-        else:
-            self.hw = HardwareDesc.current(runner.threads)
-        self.probe_measurements = runner.measured - before
-        self.feedback = Feedback(self.model, save_to, self.hw)
-        self.predicted = 0
-        self.result: GuidedResult | None = None
-        self._pred: dict = {}
-        self.e2e_skipped = 0
-        from collage_ml.search.failures import FailureLog
-
-        self.failures = FailureLog(graph)
-
-    def _predict(self, cands) -> None:
-        todo = [c for c in cands if c.key not in self._pred]
-        uniq: dict = {}
-        for c in todo:
-            uniq.setdefault(c.key, c)
-        if uniq:
-            mean, sd = self.model.predict(list(uniq.values()), self.hw)
-            for k, m, s in zip(uniq, mean, sd):
-                self._pred[k] = (float(m), float(s))
-            self.predicted += len(uniq)
-
-    def boundaries(self, backends):
-        """The boundary table, measured lazily: pairs already in the DB are free; an unmeasured pair
-        costs 0 (optimistic) until a plan uses it, and is then measured (all sizes) before re-planning."""
-        from collage_ml.measure.boundary import BoundaryTable, measure_boundaries
-
-        self._bk = {b.name: b for b in backends}
-        self.table = BoundaryTable(measure_boundaries(self.runner, backends, cached_only=True))
-        self.boundary_pairs_measured = 0
-        return self.table.seconds
-
-    def _check_handoffs(self, dp) -> bool:
-        from collage_ml.measure.boundary import measure_boundaries
-
-        owner: dict[int, str] = {}
-        for c in dp.choice:
-            for n in c.subgraph.node_indices:
-                owner[n] = c.backend.name
-        need = set()
-        for c in dp.choice:
-            for t in c.subgraph.inputs:
-                if t in self.graph.producer:
-                    pair = (owner[self.graph.producer[t]], c.backend.name)
-                    if pair not in self.table.points:
-                        need.add(pair)
-        if not need:
-            return False
-        self.say(f"guided: measuring hand-off costs {', '.join(f'{a}->{b}' for a, b in sorted(need))}")
-        self.table.add(measure_boundaries(self.runner, [], pairs=[(self._bk[a], self._bk[b]) for a, b in sorted(need)]))
-        self.boundary_pairs_measured += len(need)
-        for a, b in need:  # a pair whose every size failed stays free, but is never measured twice
-            self.table.points.setdefault((a, b), [(1, 0.0)])
-        return True
-
-    def op_level(self, boundary: BoundaryFn) -> GuidedResult:
-        from collage_ml.search.tuner import Progress
-
-        self._predict(self.cands + self.baselines)
-        keys = [c.key for c in self.cands]
-        known: dict = {}
-        for k in dict.fromkeys(keys):
-            m = self.runner.lookup(k)
-            if m is not None:
-                known[k] = m.median if m.valid else None
-        self.runner.cache_hits += len(known)
-        self.say(f"guided: predicted {self.predicted} candidates with {type(self.model).__name__} "
-                 f"({self.source}); {len(known)} already measured")
-        # the total is an upper bound (guided mode measures few of them), so no ETA
-        bar = Progress(self.progress, len(set(keys)) - len(known), "measuring (guided; of at most)", eta=False)
-
-        def measure(indices: list[int]) -> dict:
-            batch = [self.cands[i] for i in indices]
-            out: dict = {}
-            pairs = []
-
-            def on_result(c, m, cached):
-                bar.step(c, m, cached)
-
-            ms = self.runner.measure(batch, self.ref, on_result=on_result)
-            for c, m in zip(batch, ms):
-                out[c.key] = m.median if m.valid else None
-                pairs.append((c, m))
-            self.feedback.add(pairs)
-            self.failures.add(pairs)
-            return out
-
-        try:
-            self.result = guided_op_level(
-                self.graph, self.cands, keys,
-                [self._pred[k][0] for k in keys], [self._pred[k][1] for k in keys],
-                measure, boundary, self.cfg, known, self.say, plan_check=self._check_handoffs,
-            )
-        finally:
-            bar.close()
-        self.cal = self.result.calibration
-        return self.result
-
-    # -- predictions for the end-to-end stages ------------------------------------------------
-    def baseline_prediction(self, c) -> tuple[float, float]:
-        self._predict([c])
-        return self._pred[c.key]
-
-    def bounds(self, c) -> tuple[float, float]:
-        m, s = self.baseline_prediction(c)
-        return self.cal.bounds(c.backend.name, m, s)
-
-    def whole_model_estimate(self, c) -> float | None:
-        """Calibrated estimate of running the whole model on ``c``'s backend.
-
-        A region backend compiles the whole model as one region, which the
-        model predicts directly. An op-level backend (torch eager) runs it
-        kernel by kernel, so its estimate is the op-level DP over that
-        backend's own candidates (measured costs where known); None when they
-        do not cover the graph.
-        """
-        b = c.backend
-        if any(p.kind == "region" for p in b.patterns):
-            m, _ = self.baseline_prediction(c)
-            return self.cal.adjusted(b.name, m)
-        own = [x for x in self.cands if x.backend is b]
-        costs = []
-        for x in own:
-            if self.result is not None and x.key in self.result.measured:
-                costs.append(self.result.measured[x.key])
-            else:
-                m, _ = self.baseline_prediction(x)
-                costs.append(self.cal.adjusted(b.name, m))
-        try:
-            return solve(self.graph, own, costs).cost
-        except NoCoverError:
-            return None
-
-    def worth_trying(self, c, est: float | None, best_seconds: float) -> bool:
-        """Is a whole-model plan on ``c``'s backend, estimated at ``est`` (:meth:`whole_model_estimate`),
-        worth an end-to-end measurement against ``best_seconds``?"""
-        _, sd = self.baseline_prediction(c)
-        ok = est is not None and est / math.exp(self.cfg.z * self.cal.sd(sd)) <= best_seconds
-        if not ok:
-            self.e2e_skipped += 1
-        return ok
-
-    def predict_partition(self, sg, backend) -> float:
-        from collage_ml.candidates import Candidate
-
-        c = Candidate(sg, backend, "partition")
-        m, _ = self.baseline_prediction(c)
-        return self.cal.adjusted(backend.name, m)
-
-    def worth_measuring(self, estimate: float, best: float | None) -> bool:
-        """Graph-level: measure an individual only if its optimistic estimate can beat the best measured plan."""
-        if best is None:
-            return True
-        return estimate / math.exp(self.cfg.z * self.cal.sd(0.0)) <= best
-
-    def summary(self) -> dict:
-        r = self.result
-        return {
-            "rounds": r.rounds,
-            "new_measurements": r.new_measurements,
-            "fell_back_to_exhaustive": r.fell_back,
-            "budget_hit": r.budget_hit,
-            "kendall_tau": r.tau,
-            "bias": r.bias,
-            "spread": r.spread,
-            "config": {k: getattr(self.cfg, k) for k in ("k", "z", "optimism", "prior_spread", "min_calibration", "min_tau",
-                                                          "measure_budget")},
-            "whole_model_plans_skipped": self.e2e_skipped,
-            "boundary_pairs_measured": self.boundary_pairs_measured,
-        }

@@ -8,6 +8,17 @@ end-to-end latency: the DP plan (after merging adjacent same-backend
 regions) and, for every backend that can run the whole model, that backend
 alone. The fastest measured plan wins, so a placement is never slower than
 the best single backend by more than noise.
+
+``mode="guided"`` differs only in what it measures: the cost model predicts
+every candidate and only what it cannot rule out is measured
+(:class:`~collage_ml.search.strategies.Guided`, over the loop in
+:mod:`collage_ml.search.guided`).
+
+:class:`Tuner` runs this pipeline with one of the strategies of
+:mod:`collage_ml.search.strategies` and owns the one measure step,
+:meth:`Tuner.measure`: every candidate measured by ``place`` or ``collect``
+goes through it, is committed to the database, and is handed once to the cost
+model's feedback. The report is a :class:`~collage_ml.search.report.PlaceReport`.
 """
 
 from __future__ import annotations
@@ -24,15 +35,15 @@ from collage_ml.db import default_db_path
 from collage_ml.defaults import MAX_REGION_SIZE
 from collage_ml.errors import CollageError, describe
 from collage_ml.ir.graph import Graph
-from collage_ml.measure.boundary import BoundaryTable, measure_boundaries
 from collage_ml.measure.e2e import measure_plan
 from collage_ml.measure.runner import Runner
 from collage_ml.measure.timing import Tolerance, TimingConfig
 from collage_ml.plan import Plan, PlacedModel
-from collage_ml.search.dp import NoCoverError, solve
 from collage_ml.search.evolutionary import EvoConfig, GraphLevelSearch
 from collage_ml.search.failures import FailureLog, no_cover_reason, uncovered_nodes
-from collage_ml.search.guided import GuidedConfig, GuidedSession
+from collage_ml.search.guided import GuidedConfig
+from collage_ml.search.report import PlaceReport
+from collage_ml.search.strategies import Exhaustive, Guided, Problem, Strategy
 
 MODES = ("exhaustive", "guided")
 
@@ -40,35 +51,203 @@ MODES = ("exhaustive", "guided")
 @dataclass
 class PlaceResult:
     placed: PlacedModel
-    report: dict[str, Any]
+    report: PlaceReport
     plans: dict[str, dict] = field(default_factory=dict)  # label -> e2e result
 
 
-class Progress:
-    """A rich progress bar over measurements (a no-op when disabled)."""
+class Tuner:
+    """Measures what its strategy decides, and closes the feedback loop: the one measure step.
 
-    def __init__(self, enabled: bool, total: int, title: str, eta: bool = True):
-        self.enabled = enabled and total > 0
-        self.invalid: dict[str, int] = {}
-        if self.enabled:
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress as RP, TextColumn, TimeRemainingColumn
+    :meth:`measure` runs candidates through the :class:`~collage_ml.measure.runner.Runner`, which
+    commits each measurement to the database as it arrives (cache hits are read, not run again), and
+    hands every *new* measurement, once, to ``feedback`` (a :class:`~collage_ml.models.feedback.Feedback`,
+    or None: nothing to update). :meth:`flush` updates and saves the cost model with what it was handed.
+    ``place`` (through :meth:`place`) and ``collect`` measure candidates only through this step.
 
-            cols = [TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn()]
-            cols += [TimeRemainingColumn()] if eta else []
-            self.bar = RP(*cols, TextColumn("{task.fields[extra]}"), transient=False)
-            self.task = self.bar.add_task(title, total=total, extra="")
-            self.bar.start()
+    :meth:`place` is the placement pipeline of the module docstring; ``strategy``
+    (:mod:`collage_ml.search.strategies`) decides what it measures.
+    """
 
-    def step(self, c: Candidate, m, cached: bool) -> None:
-        if not m.valid:
-            self.invalid[c.backend.name] = self.invalid.get(c.backend.name, 0) + 1
-        if self.enabled:
-            inv = ", ".join(f"{k}:{v}" for k, v in sorted(self.invalid.items()))
-            self.bar.update(self.task, advance=1, extra=f"invalid {inv}" if inv else "")
+    def __init__(self, runner: Runner, strategy: Strategy | None = None, feedback: Any = None,
+                 log: Callable[[str], None] | None = None):
+        self.runner = runner
+        self.strategy = strategy if strategy is not None else Exhaustive()
+        self.feedback = feedback
+        self.say = log or (lambda s: None)
+        self.new = 0  # measurements made and committed through this tuner
+        self.failures: FailureLog | None = None  # set by place (per graph)
 
-    def close(self) -> None:
-        if self.enabled:
-            self.bar.stop()
+    def measure(self, candidates: Sequence[Candidate], reference, family: str | None = None,
+                on_result: Callable[[Candidate, Any, bool], None] | None = None) -> list:
+        """Measures ``candidates`` (results align with them) and feeds the new measurements back.
+
+        ``on_result(candidate, measurement, new)`` is called once per distinct candidate; ``new`` is False
+        for a cache hit and for a measurement the database refused (another process committed it first).
+        """
+        def seen(c, m, cached):
+            new = not cached and getattr(m, "committed", True)
+            if new:
+                self.new += 1
+                if self.feedback is not None:
+                    self.feedback.add([(c, m)])
+            if on_result is not None:
+                on_result(c, m, new)
+
+        return self.runner.measure(candidates, reference, family, on_result=seen)
+
+    def flush(self, family: str = "") -> dict | None:
+        """Updates (and saves) the cost model with the new measurements; None when there was nothing to learn."""
+        return self.feedback.flush(family) if self.feedback is not None else None
+
+    def op_level(self, p: Problem):
+        """The strategy's op-level stage on ``p``: measure what it decides, solve the DP
+        (an :class:`~collage_ml.search.strategies.OpLevel`); failures are logged in :attr:`failures`."""
+        self.failures = FailureLog(p.graph)
+        return self.strategy.op_level(self, p)
+
+    def place(self, p: Problem, *, family: str, tolerance: Tolerance, graph_level: bool,
+              evo_config: EvoConfig | None, t_start: float) -> PlaceResult:
+        """The op-level stage, the fallback, the end-to-end judging and the graph-level search (module
+        docstring); the fastest plan measured end to end is compiled, checked and reported."""
+        graph, backends, cands, runner, say = p.graph, p.backends, p.cands, self.runner, self.say
+        baselines = list(p.baselines)
+        # a node no backend supports cannot be covered whatever the measurements say: straight to the fallback
+        if uncovered_nodes(graph, cands, {c.key: 1.0 for c in cands}):
+            fallback = no_cover_reason(graph, cands, {c.key: 1.0 for c in cands}, None, backends)
+            self.failures = FailureLog(graph)
+            cost_of, dp, table, dp_seconds = {}, None, None, 0.0
+        else:
+            op = self.op_level(p)
+            dp, cost_of, table, dp_seconds, budget_hit = op.dp, op.cost_of, op.table, op.dp_seconds, op.budget_hit
+            fallback = None
+            if dp is None:
+                fallback = no_cover_reason(graph, cands, cost_of, self.failures, backends)
+                if budget_hit:
+                    fallback += " (measure_budget ran out: raise it, or use mode='exhaustive')"
+        failures = self.failures
+        # a backend failing most candidates the same way is said once, not candidate by candidate
+        for line in failures.summary_lines():
+            say(f"systematic failure: {line}")
+        common = dict(hardware=runner.hardware, threads=runner.threads,
+                      versions={k: v for b in backends for k, v in b.versions().items()})
+        plans: dict[str, Plan] = {}
+        dp_plan = None
+        if dp is not None:
+            dp_plan = Plan.from_candidates(graph, dp.choice, dp.per_candidate, predicted_ms=dp.cost * 1e3, **common)
+            plans["op-level"] = dp_plan
+        else:
+            say(f"no finer plan: {fallback}; trying the whole model on each backend")
+            baselines = baselines + _fallback_baselines(graph, backends, baselines)
+            need = list({c.key: c for c in baselines if c.key not in cost_of}.values())
+            if need:
+                ms = self.measure(need, p.ref)
+                failures.add(zip(need, ms))
+                cost_of.update({c.key: (m.median if m.valid else None) for c, m in zip(need, ms)})
+        baseline_ms: dict[str, float | None] = {b.name: None for b in backends}
+        baseline_pred_ms: dict[str, float] = {}
+        for c in baselines:
+            cst = cost_of.get(c.key)
+            baseline_ms[c.backend.name] = None if cst is None else cst * 1e3
+            if cst is not None:
+                plans[f"all-{c.backend.name}"] = Plan.single(graph, c.backend, predicted_ms=cst * 1e3, **common)
+            elif dp is not None and c.key not in cost_of:
+                # not measured as a kernel (guided): judged end to end only if the model says it may win
+                est, worth = self.strategy.judge_whole_model(c, dp.cost)
+                if est is not None:
+                    baseline_pred_ms[c.backend.name] = est * 1e3
+                if worth:
+                    plans[f"all-{c.backend.name}"] = Plan.single(graph, c.backend, predicted_ms=est * 1e3, **common)
+        # judge by executed end-to-end latency, every plan through the same executor, in two
+        # rounds (forward, then reverse order) so that drift does not favour one plan; the
+        # lower of a plan's two medians counts. A plan equal to another is measured once.
+        known_plans = {}
+        if self.strategy.reuse_whole_model_timings:
+            # a one-partition plan is a whole-model candidate that was already timed natively; re-timing it
+            # end to end costs a compile and up to the timing cap, so it is skipped for slow models. Fast ones
+            # are re-timed: their single-process timings are bimodal on some machines (README, "Noise")
+            whole_cost = {c.backend.name: cost_of.get(c.key) for c in baselines}
+            for label, pl in plans.items():
+                cost = whole_cost.get(pl.partitions[0].backend) if len(pl.partitions) == 1 else None
+                if cost is not None and cost >= REUSE_WHOLE_MODEL_TIMING_ABOVE:
+                    known_plans[label] = {"valid": True, "median": whole_cost[pl.partitions[0].backend],
+                                          "source": "whole-model candidate"}
+        results, e2e_count = _measure_plans_e2e(runner, graph, plans, p.ref, say, known_plans)
+        evo = None
+        region_names = [b.name for b in backends if any(pt.kind == "region" for pt in b.patterns)]
+        if dp is None and not results:
+            tried = "; ".join(f"{c.backend.name}: {failures.errors.get(c.backend.name, {}).get(c.key)}"
+                              for c in baselines)
+            raise CollageError(f"no plan: {fallback}, and "
+                               + (f"no backend ran the whole model ({tried})" if tried else
+                                  "no backend supports the whole model"))
+        if graph_level and region_names and dp is not None and results["op-level"].get("valid"):
+            evo = _graph_level(runner, graph, dp_plan, backends, region_names, plans, results, p.ref,
+                               cost_of, table, evo_config, say, self.strategy)
+            if evo.best is not None:
+                plans["graph-level"] = evo.best.plan
+                results["graph-level"] = {"valid": True, "median": evo.best.seconds}
+        valid = {k: v for k, v in results.items() if v.get("valid")}
+        if not valid:
+            errors = "; ".join(f"{k}: {v.get('error_text')}" for k, v in results.items())
+            raise CollageError(f"no plan ran correctly end to end ({errors})"
+                               + (f"; no finer plan: {fallback}" if fallback else ""))
+        best_label = min(valid, key=lambda k: valid[k]["median"])
+        best = plans[best_label]
+        best.measured_ms = valid[best_label]["median"] * 1e3
+        single_e2e = {
+            b.name: (results[f"all-{b.name}"]["median"] * 1e3
+                     if results.get(f"all-{b.name}", {}).get("valid") else None)
+            for b in backends
+        }
+        placed = best.compile(graph, threads=runner.threads)
+        check = _check(placed, graph, p.ref, tolerance)
+        # e2e and graph-level measurements are plans, not candidates: the model learns from kernels only
+        info = self.flush(family or graph.name)
+        report = PlaceReport(
+            model=graph.name,
+            mode=self.strategy.name,
+            hardware=runner.hardware,
+            threads=runner.threads,
+            backends=[b.name for b in backends],
+            chosen=best_label,
+            plan_latency_ms=best.measured_ms,
+            op_level_predicted_ms=dp.cost * 1e3 if dp is not None else None,
+            op_level_ms=results["op-level"]["median"] * 1e3 if results.get("op-level", {}).get("valid") else None,
+            op_level_plan=dp_plan.to_dict() if dp_plan is not None else None,
+            fallback=fallback,
+            import_=list(graph.import_notes),
+            invalid_by_backend=failures.by_backend(),
+            systematic_failures=failures.systematic(),
+            graph_level_ms=evo.best.seconds * 1e3 if evo is not None and evo.best is not None else None,
+            generations=evo.generations if evo is not None else 0,
+            e2e_measurements=(evo.e2e_measurements if evo is not None else 0) + e2e_count,
+            baselines_ms=baseline_ms,
+            baselines_e2e_ms=single_e2e,
+            plans_e2e_ms={k: (v["median"] * 1e3 if v.get("valid") else None) for k, v in results.items()},
+            plan_errors={k: v.get("error_text") for k, v in results.items() if not v.get("valid")},
+            speedup_vs_best_single=_speedup(best.measured_ms, single_e2e),
+            measurements=runner.measured,
+            **self.strategy.report_fields(self),
+            baselines_predicted_ms=baseline_pred_ms,
+            cache_hits=runner.cache_hits,
+            candidates=len(cands),
+            distinct_candidates=len({c.key for c in cands}),
+            dp_states=dp.states if dp is not None else 0,
+            dp_limit_hit=dp.limit_hit if dp is not None else False,
+            dp_seconds=dp_seconds,
+            search_seconds=time.perf_counter() - t_start,
+            max_abs_error=check.max_abs,
+            outputs_match=check.ok,
+            mismatch=check.detail,
+            partitions=[
+                {"backend": pt.backend, "nodes": len(pt.nodes), "predicted_ms": pt.predicted_ms,
+                 "measured_ms": pt.measured_ms}
+                for pt in placed.plan.partitions
+            ],
+            model_saved_to=info.get("saved_to") if info else None,
+        )
+        placed.report = report
+        return PlaceResult(placed, report, results)
 
 
 def _open_db(db):
@@ -144,196 +323,19 @@ def _place(graph, backends, mode, db, *, max_region_size, threads, timing, toler
             whole = graph.whole()
             # every backend that supports every node gets its whole-model baseline measured natively
             baselines = [Candidate(whole, b, "whole-model") for b in backends if b.supports_subgraph(whole)]
-            todo = cands + [c for c in baselines if not any(x.backend is c.backend and x.subgraph.mask == whole.mask for x in cands)]
-            uniq = len({c.key for c in todo})
-            say(f"{graph.name}: {len(graph)} nodes, {len(cands)} candidates ({uniq} distinct) on "
-                f"{', '.join(b.name for b in backends)}")
-            guide = None
-            fallback = None  # why no finer plan than one backend for the whole model exists
-            # a node no backend supports cannot be covered whatever the measurements say: straight to the fallback
-            if uncovered_nodes(graph, cands, {c.key: 1.0 for c in cands}):
-                fallback = no_cover_reason(graph, cands, {c.key: 1.0 for c in cands}, None, backends)
-                failures = FailureLog(graph)
-                cost_of, dp, t_dp = {}, None, time.perf_counter()
-            elif mode == "guided":
-                guide = GuidedSession(graph, cands, baselines, runner, database, cost_model, ref, progress, say,
-                                      replace(guided_config or GuidedConfig(),
-                                              **({} if measure_budget is None else {"measure_budget": measure_budget})))
-                boundary = guide.boundaries(backends)
-                t_dp = time.perf_counter()
-                g = guide.op_level(boundary)
-                dp = g.dp
-                failures = guide.failures
-                cost_of = {c.key: g.measured.get(c.key) for c in todo if c.key in g.measured}
-                table = guide.table
-                if dp is None:
-                    fallback = no_cover_reason(graph, cands, g.measured, failures, backends)
-                    if g.budget_hit:
-                        fallback += " (measure_budget ran out: raise it, or use mode='exhaustive')"
+            todo = cands + [c for c in baselines
+                            if not any(x.backend is c.backend and x.subgraph.mask == whole.mask for x in cands)]
+            say(f"{graph.name}: {len(graph)} nodes, {len(cands)} candidates ({len({c.key for c in todo})} distinct) "
+                f"on {', '.join(b.name for b in backends)}")
+            if mode == "guided":
+                cfg = replace(guided_config or GuidedConfig(),
+                              **({} if measure_budget is None else {"measure_budget": measure_budget}))
+                strategy: Strategy = Guided(cost_model, getattr(database, "path", None), progress, cfg)
             else:
-                table = BoundaryTable(measure_boundaries(runner, backends))
-                boundary = table.seconds
-
-                bar = Progress(progress, uniq, "measuring")
-                seen: set = set()
-
-                def on_result(c, m, cached):
-                    if c.key not in seen:
-                        seen.add(c.key)
-                        bar.step(c, m, cached)
-
-                try:
-                    ms = runner.measure(todo, ref, on_result=on_result)
-                finally:
-                    bar.close()
-                cost_of = {c.key: (m.median if m.valid else None) for c, m in zip(todo, ms)}
-                failures = FailureLog(graph)
-                failures.add(zip(todo, ms))
-            # a backend failing most candidates the same way is said once, not candidate by candidate
-            for line in failures.summary_lines():
-                say(f"systematic failure: {line}")
-            if guide is None and fallback is None:
-                t_dp = time.perf_counter()
-                try:
-                    dp = solve(graph, cands, [cost_of[c.key] for c in cands], boundary)
-                except NoCoverError:
-                    dp = None
-                    fallback = no_cover_reason(graph, cands, cost_of, failures, backends)
-            dp_seconds = time.perf_counter() - t_dp
-            common = dict(hardware=runner.hardware, threads=runner.threads,
-                          versions={k: v for b in backends for k, v in b.versions().items()})
-            plans: dict[str, Plan] = {}
-            dp_plan = None
-            if dp is not None:
-                dp_plan = Plan.from_candidates(graph, dp.choice, dp.per_candidate, predicted_ms=dp.cost * 1e3,
-                                               **common)
-                plans["op-level"] = dp_plan
-            else:
-                say(f"no finer plan: {fallback}; trying the whole model on each backend")
-                baselines = baselines + _fallback_baselines(graph, backends, baselines)
-                need = list({c.key: c for c in baselines if c.key not in cost_of}.values())
-                if need:
-                    ms = runner.measure(need, ref)
-                    failures.add(zip(need, ms))
-                    cost_of.update({c.key: (m.median if m.valid else None) for c, m in zip(need, ms)})
-            baseline_ms: dict[str, float | None] = {b.name: None for b in backends}
-            baseline_pred_ms: dict[str, float] = {}
-            for c in baselines:
-                cst = cost_of.get(c.key)
-                baseline_ms[c.backend.name] = None if cst is None else cst * 1e3
-                if cst is not None:
-                    plans[f"all-{c.backend.name}"] = Plan.single(graph, c.backend, predicted_ms=cst * 1e3, **common)
-                elif guide is not None and dp is not None and c.key not in g.measured:
-                    # not measured as a kernel: judged end to end only if the model says it may win
-                    est = guide.whole_model_estimate(c)
-                    if est is not None:
-                        baseline_pred_ms[c.backend.name] = est * 1e3
-                    if guide.worth_trying(c, est, dp.cost):
-                        plans[f"all-{c.backend.name}"] = Plan.single(graph, c.backend, predicted_ms=est * 1e3,
-                                                                     **common)
-            # judge by executed end-to-end latency, every plan through the same executor, in two
-            # rounds (forward, then reverse order) so that drift does not favour one plan; the
-            # lower of a plan's two medians counts. A plan equal to another is measured once.
-            known_plans = {}
-            if guide is not None:
-                # a one-partition plan is a whole-model candidate that was already timed natively; re-timing it
-                # end to end costs a compile and up to the timing cap, so it is skipped for slow models. Fast ones
-                # are re-timed: their single-process timings are bimodal on some machines (README, "Noise")
-                whole_cost = {c.backend.name: cost_of.get(c.key) for c in baselines}
-                for label, pl in plans.items():
-                    cost = whole_cost.get(pl.partitions[0].backend) if len(pl.partitions) == 1 else None
-                    if cost is not None and cost >= REUSE_WHOLE_MODEL_TIMING_ABOVE:
-                        known_plans[label] = {"valid": True, "median": whole_cost[pl.partitions[0].backend],
-                                              "source": "whole-model candidate"}
-            results, e2e_count = _measure_plans_e2e(runner, graph, plans, ref, say, known_plans)
-            evo = None
-            region_names = [b.name for b in backends if any(pt.kind == "region" for pt in b.patterns)]
-            if dp is None and not results:
-                tried = "; ".join(f"{c.backend.name}: {failures.errors.get(c.backend.name, {}).get(c.key)}"
-                                  for c in baselines)
-                raise CollageError(f"no plan: {fallback}, and "
-                                   + (f"no backend ran the whole model ({tried})" if tried else
-                                      "no backend supports the whole model"))
-            if graph_level and region_names and dp is not None and results["op-level"].get("valid"):
-                evo = _graph_level(runner, graph, dp_plan, backends, region_names, plans, results, ref,
-                                   cost_of, table, evo_config, say, guide)
-                if evo.best is not None:
-                    plans["graph-level"] = evo.best.plan
-                    results["graph-level"] = {"valid": True, "median": evo.best.seconds}
-            valid = {k: v for k, v in results.items() if v.get("valid")}
-            if not valid:
-                errors = "; ".join(f"{k}: {v.get('error_text')}" for k, v in results.items())
-                raise CollageError(f"no plan ran correctly end to end ({errors})"
-                                   + (f"; no finer plan: {fallback}" if fallback else ""))
-            best_label = min(valid, key=lambda k: valid[k]["median"])
-            best = plans[best_label]
-            best.measured_ms = valid[best_label]["median"] * 1e3
-            single_e2e = {
-                b.name: (results[f"all-{b.name}"]["median"] * 1e3
-                         if results.get(f"all-{b.name}", {}).get("valid") else None)
-                for b in backends
-            }
-            placed = best.compile(graph, threads=runner.threads)
-            check = _check(placed, graph, ref, tolerance)
-            report = {
-                "model": graph.name,
-                "mode": mode,
-                "hardware": runner.hardware,
-                "threads": runner.threads,
-                "backends": [b.name for b in backends],
-                "chosen": best_label,
-                "plan_latency_ms": best.measured_ms,
-                "op_level_predicted_ms": dp.cost * 1e3 if dp is not None else None,
-                "op_level_ms": (results["op-level"]["median"] * 1e3
-                                if results.get("op-level", {}).get("valid") else None),
-                "op_level_plan": dp_plan.to_dict() if dp_plan is not None else None,
-                "fallback": fallback,
-                "import": list(graph.import_notes),
-                "invalid_by_backend": failures.by_backend(),
-                "systematic_failures": failures.systematic(),
-                "graph_level_ms": evo.best.seconds * 1e3 if evo is not None and evo.best is not None else None,
-                "generations": evo.generations if evo is not None else 0,
-                "e2e_measurements": (evo.e2e_measurements if evo is not None else 0) + e2e_count,
-                "baselines_ms": baseline_ms,
-                "baselines_e2e_ms": single_e2e,
-                "plans_e2e_ms": {k: (v["median"] * 1e3 if v.get("valid") else None) for k, v in results.items()},
-                "plan_errors": {k: v.get("error_text") for k, v in results.items() if not v.get("valid")},
-                "speedup_vs_best_single": _speedup(best.measured_ms, single_e2e),
-                "measurements": runner.measured,
-                # the probe set's measurements on a machine the database had not seen (part of "measurements")
-                "probe_measurements": guide.probe_measurements if guide else 0,
-                "predicted_candidates": guide.predicted if guide else 0,
-                "pruned": guide.result.pruned if guide else 0,
-                "model_updates": guide.feedback.updates if guide else 0,
-                "cost_model": guide.source if guide else None,
-                "guided": guide.summary() if guide else (
-                    # guided mode that never reached the guided loop (a node no backend supports)
-                    {"rounds": 0, "new_measurements": 0, "fell_back_to_exhaustive": False, "budget_hit": False}
-                    if mode == "guided" else None),
-                "baselines_predicted_ms": baseline_pred_ms,
-                "cache_hits": runner.cache_hits,
-                "candidates": len(cands),
-                "distinct_candidates": len({c.key for c in cands}),
-                "dp_states": dp.states if dp is not None else 0,
-                "dp_limit_hit": dp.limit_hit if dp is not None else False,
-                "dp_seconds": dp_seconds,
-                "search_seconds": time.perf_counter() - t_start,
-                "max_abs_error": check.max_abs,
-                "outputs_match": check.ok,
-                "mismatch": check.detail,
-                "partitions": [
-                    {"backend": p.backend, "nodes": len(p.nodes), "predicted_ms": p.predicted_ms,
-                     "measured_ms": p.measured_ms}
-                    for p in placed.plan.partitions
-                ],
-            }
-            if guide is not None:
-                # e2e and graph-level measurements are plans, not candidates: the model learns from kernels only
-                info = guide.feedback.flush(family or graph.name)
-                report["model_updates"] = guide.feedback.updates
-                report["model_saved_to"] = info.get("saved_to") if info else None
-            placed.report = report
-            return PlaceResult(placed, report, results)
+                strategy = Exhaustive(progress)
+            tuner = Tuner(runner, strategy, log=say)
+            return tuner.place(Problem(graph, backends, cands, baselines, todo, ref), family=family,
+                               tolerance=tolerance, graph_level=graph_level, evo_config=evo_config, t_start=t_start)
     finally:
         if owned:
             database.close()
@@ -392,7 +394,7 @@ def _measure_plans_e2e(runner, graph, plans: Mapping[str, Plan], ref, say,
 
 
 def _graph_level(runner, graph, dp_plan, backends, region_names, plans, results, ref, cost_of, table,
-                 config, say, guide=None):
+                 config, say, strategy: Strategy):
     """Runs the evolutionary search seeded with the already measured plans."""
     by_name = {b.name: b for b in backends}
     known = {plans[k].canonical(): ((v["median"] if v.get("valid") else None), v.get("error_text", ""))
@@ -416,8 +418,8 @@ def _graph_level(runner, graph, dp_plan, backends, region_names, plans, results,
             if cost is None:
                 m = runner.lookup(key)
                 cost = m.median if m is not None and m.valid else None
-            if cost is None and guide is not None:
-                cost = guide.predict_partition(sg, b)
+            if cost is None:
+                cost = strategy.predict_partition(sg, b)
             if cost is None:
                 # not measured as one piece: the sum of its op-level groups' costs, on any backend
                 cost = sum((g.measured_ms or 0.0) / 1e3 for g in dp_plan.partitions if not g.mask & ~p.mask)
@@ -428,11 +430,7 @@ def _graph_level(runner, graph, dp_plan, backends, region_names, plans, results,
                     total += table.seconds(src, p.backend, graph.tensors[t].nbytes)
         return total
 
-    cfg = config or EvoConfig()
-    worth = None
-    if guide is not None:
-        cfg = replace(cfg, force_seeds=False)
-        worth = guide.worth_measuring
+    cfg, worth = strategy.graph_level(config or EvoConfig())
     say(f"graph-level search: {len(dp_plan.partitions)} groups, {len(region_names)} region backends, "
         f"up to {cfg.generations} generations")
     search = GraphLevelSearch(graph, dp_plan, region_names, fitness, estimate, cfg, known=known,

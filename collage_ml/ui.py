@@ -1,0 +1,149 @@
+"""Terminal output shared by ``place``, ``collect`` and ``train``: one progress bar and table helpers.
+
+This module sits at the bottom layer (tests/test_layers.py): it imports only ``rich``, and only when a
+bar is shown or a table is built, so the search, the collector and the models may all use it.
+
+- :class:`Bar` is the progress bar over measurements (and over any other items, such as featurized rows).
+  It counts invalid results per backend and shows them; disabled, every method is a no-op.
+- :func:`table` builds a rich ``Table`` from a title, column names and rows; :func:`print_table` prints one.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable, Sequence
+
+
+class Bar:
+    """A rich progress bar; a no-op when ``enabled`` is false.
+
+    ``stderr``: draw on stderr (collect) rather than stdout. ``rate``: add the items-per-minute and
+    elapsed-time columns. ``eta``: show the time remaining (off when the total is only an upper bound).
+    ``transient``: remove the bar when it stops. Use it as a context manager, or call :meth:`start` and
+    :meth:`close`. :meth:`task` starts the counted task; :meth:`planning` shows an uncounted one.
+    """
+
+    def __init__(self, enabled: bool = True, *, stderr: bool = False, rate: bool = False, eta: bool = True,
+                 transient: bool = False):
+        self.enabled = enabled
+        self.stderr, self.rate, self.eta, self.transient = stderr, rate, eta, transient
+        self.invalid: dict[str, int] = {}  # backend -> invalid results stepped so far
+        self._p: Any = None
+        self._task = None
+        self._plan_task = None
+
+    # -- lifetime ----------------------------------------------------------------------------
+    def start(self) -> "Bar":
+        if self.enabled and self._p is None:
+            self._p = _rich_progress(self.stderr, self.rate, self.eta, self.transient)
+            self._p.start()
+        return self
+
+    def close(self) -> None:
+        if self._p is not None:
+            self._p.stop()
+            self._p = None
+
+    def __enter__(self) -> "Bar":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # -- tasks -------------------------------------------------------------------------------
+    def task(self, title: str, total: int | None) -> "Bar":
+        """Starts (or restarts) the counted task: ``title`` with ``total`` items."""
+        if self._p is not None:
+            self._task = self._p.add_task(title, total=total, extra=self._invalid_text(), kind="measure")
+        return self
+
+    def step(self, backend: str | None = None, valid: bool = True, advance: int = 1) -> None:
+        """One item done (``advance`` of them); an invalid one is counted against ``backend``."""
+        if not valid and backend is not None:
+            self.invalid[backend] = self.invalid.get(backend, 0) + 1
+        if self._p is not None and self._task is not None:
+            self._p.update(self._task, advance=advance, extra=self._invalid_text())
+
+    def phase(self, text: str) -> None:
+        """Renames the counted task (e.g. the model and backend being measured)."""
+        if self._p is not None and self._task is not None:
+            self._p.update(self._task, description=text)
+
+    def planning(self, label: str) -> None:
+        """Shows an uncounted ``planning <label>`` task (before the counted one has a total)."""
+        if self._p is None:
+            return
+        if self._plan_task is None:
+            self._plan_task = self._p.add_task("planning", total=None, extra="", kind="plan")
+        self._p.update(self._plan_task, description=f"planning {label}", advance=1)
+
+    def planned(self) -> None:
+        if self._p is not None and self._plan_task is not None:
+            self._p.update(self._plan_task, total=1, completed=1, visible=False)
+
+    def _invalid_text(self) -> str:
+        if not self.invalid and not self.rate:
+            return ""
+        inv = ", ".join(f"{b} {n}" for b, n in sorted(self.invalid.items()))
+        return f"invalid: {inv or 0}"
+
+
+def steps(total: int, title: str, enabled: bool):
+    """A transient bar over ``total`` items as one callable: ``step()`` per item, then ``step(done=True)``."""
+    bar = Bar(enabled and total > 0, transient=True).start().task(title, total)
+
+    def step(done: bool = False) -> None:
+        if done:
+            bar.close()
+        else:
+            bar.step()
+
+    return step
+
+
+def _rich_progress(stderr: bool, rate: bool, eta: bool, transient: bool):
+    from rich.console import Console
+    from rich.progress import (
+        BarColumn, MofNCompleteColumn, Progress, ProgressColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn,
+    )
+    from rich.text import Text
+
+    class RateColumn(ProgressColumn):
+        def render(self, task):
+            if task.fields.get("kind") != "measure":
+                return Text("")
+            if not task.elapsed or not task.completed:
+                return Text("-- /min", style="progress.data.speed")
+            return Text(f"{task.completed / task.elapsed * 60:.1f}/min", style="progress.data.speed")
+
+    cols: list = [TextColumn("[bold]{task.description}" if rate else "{task.description}"), BarColumn(),
+                  MofNCompleteColumn()]
+    if rate:
+        cols += [RateColumn(), TimeElapsedColumn()]
+    if eta:
+        cols += ([TextColumn("ETA")] if rate else []) + [TimeRemainingColumn()]
+    cols.append(TextColumn("{task.fields[extra]}"))
+    kw = {"console": Console(stderr=True)} if stderr else {}
+    return Progress(*cols, transient=transient, **kw)
+
+
+def table(title: str, columns: Sequence[str], rows: Iterable[Sequence[object]] = (), *,
+          right: Iterable[str] = (), caption: str | None = None):
+    """A rich Table: ``columns`` (those in ``right`` right-justified), one row per item of ``rows``
+    (None shows as an empty cell)."""
+    from rich.table import Table
+
+    right = set(right)
+    t = Table(title=title, caption=caption)
+    for c in columns:
+        t.add_column(c, justify="right" if c in right else "left")
+    for r in rows:
+        t.add_row(*("" if v is None else str(v) for v in r))
+    return t
+
+
+def print_table(title: str, columns: Sequence[str], rows: Iterable[Sequence[object]] = (), *,
+                right: Iterable[str] = (), stderr: bool = False) -> None:
+    """Prints :func:`table` (on stdout, or stderr)."""
+    from rich.console import Console
+
+    Console(stderr=stderr).print(table(title, columns, rows, right=right))

@@ -2,8 +2,8 @@
 
 The order, bottom to top (a module's layer is its top-level module or package under ``collage_ml``):
 
-    errors, cost, paths, defaults < ir < backends < candidates, plan < measure < db < featurize < models < search
-    < collector, sampling < api, viz < cli, __main__, __init__
+    errors, cost, paths, defaults < ir < backends < candidates, plan < measure < db, db_records < featurize
+    < models < search < collector, sampling < api, viz < cli, __main__, __init__
 
 Imports inside functions count: a lazy import is still a dependency. The package root itself
 (``import collage_ml`` for ``__version__`` or ``__file__``) may be imported from anywhere: its ``__init__``
@@ -25,7 +25,7 @@ ORDER = [
     {"backends"},
     {"candidates", "plan"},
     {"measure"},
-    {"db"},
+    {"db", "db_records"},
     {"featurize"},
     {"models"},
     {"search"},

@@ -173,6 +173,8 @@ def _cmd_db(args) -> int:
             print(json.dumps(st, indent=2))
             return 0
         print(f"{args.path}: {st['valid']} valid, {st['invalid']} invalid measurements")
+        print(f"{st.get('boundaries', 0)} boundary costs ({st.get('boundaries_valid', 0)} valid), "
+              f"{st.get('plan_timings', 0)} plans timed end to end ({st.get('plan_timings_valid', 0)} valid)")
         for what in ("backends", "families", "hardware"):
             _table(what, [what[:-1] if what != "families" else "family", "count"], sorted(st[what].items()))
         return 0

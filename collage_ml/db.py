@@ -42,8 +42,11 @@ file for writing migrates it in one transaction (every row kept, with protocol
 ``m1``, and timeouts and crashes classified as ``failed``); opening it
 read-only reads it as if migrated, without writing.
 
-Boundary costs are ordinary rows (e.g. backend ``"onnxruntime->torch"``,
-subgraph hash ``"boundary:<nbytes>"``) without ONNX bytes.
+- ``boundaries`` and ``plan_timings``: boundary (hand-off) costs per ordered backend pair and tensor size, and
+  every plan judged end to end, keyed by plan hash: records of their own kinds (``db_records`` keeps them).
+  They were added without a schema bump (the tables are additive). The boundary rows older versions stored
+  among the measurements (subgraph hash ``boundary:<nbytes>``, no ONNX) are moved into ``boundaries`` by a
+  writable open, and read as boundaries (never as measurements) by a read-only one.
 """
 
 from __future__ import annotations
@@ -60,7 +63,18 @@ from pathlib import Path
 from typing import Any, Callable, TypeVar
 
 from collage_ml.cost import MAX_ATTEMPTS, PROTOCOL, CandidateKey, Measurement
+from collage_ml.db_records import (
+    LEGACY_RANGE,
+    TABLES as RECORD_TABLES,
+    RecordTables,
+    boundary_row,
+    create_tables as create_record_tables,
+    move_legacy_boundaries,
+    put_boundary,
+    put_plan,
+)
 from collage_ml.errors import CollageError, DatabaseError
+from collage_ml.measure.records import BoundaryCost, boundary_from_legacy
 
 MAGIC = "collage-ml-db"
 SCHEMA_VERSION = 2
@@ -297,7 +311,7 @@ def default_db_path() -> Path:
     return cache_dir() / "measurements.db"
 
 
-class Database:
+class Database(RecordTables):
     """A collage-ml measurement database (SQLite, WAL).
 
     ``Database(path)`` creates the file when missing (``create=False`` refuses to).
@@ -310,6 +324,9 @@ class Database:
     the attempts that were retried.
 
     It may be shared between threads; each process opens its own.
+
+    Boundary costs and plan timings have their own methods (:class:`~collage_ml.db_records.RecordTables`).
+    ``legacy_boundaries_moved`` counts the old boundary rows this open moved out of the measurements.
     """
 
     def __init__(
@@ -330,6 +347,9 @@ class Database:
         self._lock = threading.RLock()
         self._conn: sqlite3.Connection | None = None
         self.schema_version = SCHEMA_VERSION
+        self.legacy_boundaries_moved = 0
+        self.last_merge: dict[str, int] = {}
+        self._legacy = False  # old boundary rows still among the measurements (a read-only open)
         state = self._probe(create=create and not readonly, check=check)
         try:
             self._conn = sqlite3.connect(
@@ -343,6 +363,9 @@ class Database:
                 self._conn.execute("PRAGMA query_only = ON")
             else:
                 self._retry(lambda: self._setup(new=state == "new"), "open")
+            self._legacy = self._retry(
+                lambda: self._conn.execute(f"SELECT 1 FROM measurements WHERE {LEGACY_RANGE} LIMIT 1").fetchone(),
+                "open") is not None
         except sqlite3.Error as e:
             self.close()
             raise DatabaseError(f"{self.path}: cannot open the database ({e})") from e
@@ -438,11 +461,13 @@ class Database:
                 self._migrate(c)
             elif not c.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'probes'").fetchone():
                 c.execute(_PROBES_TABLE)  # a schema-2 file from before the probes table
+            self._setup_records(c)
             return
         with _immediate(c):
             for stmt in _SCHEMA.split(";"):
                 if stmt.strip():
                     c.execute(stmt)
+            create_record_tables(c)
             c.executemany(
                 "INSERT OR IGNORE INTO meta (key, value) VALUES (?, ?)",
                 [("magic", MAGIC), ("schema_version", str(SCHEMA_VERSION)), ("created", repr(time.time()))],
@@ -451,6 +476,29 @@ class Database:
             c.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
         # put the header (application id) into the main file now, so the file identifies itself
         c.execute("PRAGMA wal_checkpoint(PASSIVE)")
+
+    def _setup_records(self, c: sqlite3.Connection) -> None:
+        """An existing file: add the record tables it lacks, then move its old boundary rows into them."""
+        have = {r[0] for r in c.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        if not set(RECORD_TABLES) <= have:
+            with _immediate(c):
+                create_record_tables(c)
+        if c.execute(f"SELECT 1 FROM measurements WHERE {LEGACY_RANGE} LIMIT 1").fetchone() is None:
+            return
+        with _immediate(c):  # all of them or none; each is checked in its new table before it is deleted
+            rows = c.execute(f"SELECT id, {_COLS} FROM measurements WHERE {LEGACY_RANGE} ORDER BY id").fetchall()
+            self.legacy_boundaries_moved = move_legacy_boundaries(
+                c, [(r[0], _measurement_from_row(tuple(r[1:]))) for r in rows])
+
+    def _legacy_boundaries(self) -> bool:
+        return self._legacy
+
+    def _legacy_boundary_records(self) -> list[BoundaryCost]:
+        """The old boundary rows still among the measurements (a read-only open of an unmoved file), as records."""
+        rows = self._read(
+            lambda c: c.execute(f"SELECT {self._cols} FROM measurements WHERE {LEGACY_RANGE} ORDER BY id").fetchall(),
+            "boundaries")
+        return [b for b in (boundary_from_legacy(_measurement_from_row(tuple(r))) for r in rows) if b is not None]
 
     def _migrate(self, c: sqlite3.Connection) -> None:
         """Schema 1 -> 2 in one transaction: every row kept; status, attempts and protocol derived."""
@@ -579,7 +627,12 @@ class Database:
         A stored row is never overwritten, with one exception: a ``failed`` row (timeout, crash) is replaced by
         a later valid or invalid measurement of its key, and a later failure adds one to its ``attempts``.
         ``m.onnx_bytes``, when given, is stored in ``subgraphs`` if that hash has none yet.
+        A measurement in the old shape of a boundary cost (subgraph hash ``boundary:<nbytes>``) is stored as a
+        boundary cost (:meth:`commit_boundary`), never among the candidates.
         """
+        b = boundary_from_legacy(m) if isinstance(m, Measurement) else None
+        if b is not None:
+            return self.commit_boundary(b)
         row = _measurement_row(m)
         sub = self._subgraph_row(m.key.subgraph_hash, m.onnx_bytes)
 
@@ -630,8 +683,13 @@ class Database:
         return c.execute(f"UPDATE measurements SET {sets} WHERE {where}", (*vals, *key)).rowcount == 1
 
     def commit_many(self, ms: Iterable[Measurement]) -> int:
-        """Commit many measurements in one transaction (all or none). Returns how many were new."""
+        """Commit many measurements in one transaction (all or none). Returns how many were new.
+        Old-shaped boundary costs among them are stored as boundary costs (see :meth:`commit`)."""
         ms = list(ms)
+        bounds = [boundary_row(b) for b in (boundary_from_legacy(m) for m in ms if isinstance(m, Measurement))
+                  if b is not None]
+        if bounds:
+            ms = [m for m in ms if boundary_from_legacy(m) is None]
         rows = [_measurement_row(m) for m in ms]
         subs: dict[str, tuple] = {}
         for m in ms:
@@ -640,13 +698,15 @@ class Database:
                 sub = self._subgraph_row(h, m.onnx_bytes)
                 if sub is not None:
                     subs[h] = sub
-        if not rows:
+        if not rows and not bounds:
             return 0
 
         def tx(c: sqlite3.Connection) -> int:
             if subs:
                 c.executemany(_INSERT_SUBGRAPH, list(subs.values()))
             n = 0
+            for row in bounds:
+                n += put_boundary(c, row)
             for row in rows:
                 n += c.execute(_INSERT_MEASUREMENT, row).rowcount == 1 or self._replace_failed(c, row)
             return n
@@ -704,6 +764,8 @@ class Database:
         if valid is not None:
             conds.append("valid = ?")
             args.append(int(bool(valid)))
+        if self._legacy:  # old boundary rows are boundary costs, not measurements
+            conds.append(f"NOT {LEGACY_RANGE}")
         return (" AND ".join(conds) or "1"), args
 
     def measurements(
@@ -820,8 +882,12 @@ class Database:
     def stats(self, hardware: str | None = None) -> dict[str, Any]:
         """Counts: ``total``, ``valid``, ``invalid``, ``failed``, ``subgraphs`` (distinct hashes measured),
         ``onnx_stored`` (subgraphs with ONNX bytes, whole file), and per-``backends``,
-        per-``families``, per-``hardware`` and per-``protocols`` row counts."""
+        per-``families``, per-``hardware`` and per-``protocols`` row counts: all of candidate measurements.
+        The records of other kinds: ``boundaries`` (boundary costs, any status) and ``plan_timings``
+        (plans judged end to end), and ``boundaries_valid`` and ``plan_timings_valid``."""
         where, args = self._where(hardware, None, None, None)
+        records = self.record_counts(hardware=hardware)
+        valid_records = self.record_counts(hardware=hardware, valid=True)
 
         def q(c: sqlite3.Connection) -> dict[str, Any]:
             total, n_valid, n_sub = c.execute(
@@ -850,6 +916,10 @@ class Database:
                 "families": group("family"),
                 "hardware": group("hardware"),
                 "protocols": group(self._col("protocol")),
+                "boundaries": records["boundaries"],
+                "boundaries_valid": valid_records["boundaries"],
+                "plan_timings": records["plan_timings"],
+                "plan_timings_valid": valid_records["plan_timings"],
             }
 
         return self._read(q, "stats")
@@ -857,11 +927,14 @@ class Database:
     # -- merge and export
 
     def merge(self, other_path: str | os.PathLike) -> int:
-        """Add every measurement, subgraph and hardware row of another database that this one lacks.
+        """Add every measurement, subgraph, hardware, probe, boundary and plan-timing row of another database
+        that this one lacks.
 
-        Returns the number of measurements added or upgraded. Idempotent; on a key clash it keeps the existing
-        row, except that a ``failed`` row here gives way to the other file's valid or invalid one. The other file
-        is only read (a schema-1 file is read as if migrated). A foreign, corrupt or newer file raises
+        Returns the number of measurements added or upgraded (``last_merge`` also counts the ``boundaries``
+        added or upgraded and the ``plan_runs`` added). Idempotent; on a key clash it keeps the existing row,
+        except that a ``failed`` row here gives way to the other file's valid or invalid one, and a plan timing
+        gains the other file's runs it lacks. The other file is only read (a schema-1 file is read as if
+        migrated; its old boundary rows come across as boundary costs). A foreign, corrupt or newer file raises
         :class:`DatabaseError`.
         """
         other = Path(os.fspath(other_path))
@@ -870,11 +943,17 @@ class Database:
         if other.exists() and self.path.exists() and os.path.samefile(other, self.path):
             return 0
         probe = Database(other, create=False, readonly=True)  # validates it, read-only
-        other_has_probes = probe.schema_version >= 2
-        other_cols = ", ".join(
-            f"{_V1_EXPR[c]} AS {c}" if probe.schema_version < 2 and c in _V1_EXPR else c for c in _MEASUREMENT_COLUMNS
-        )
-        probe.close()
+        try:
+            other_has_probes = probe.schema_version >= 2
+            other_cols = ", ".join(
+                f"{_V1_EXPR[c]} AS {c}" if probe.schema_version < 2 and c in _V1_EXPR else c
+                for c in _MEASUREMENT_COLUMNS
+            )
+            # the records of other kinds are few: read them (old boundary rows included) before attaching
+            other_boundaries = [boundary_row(b) for b in probe.boundaries(valid=None)]
+            other_plans = probe.plan_timings()
+        finally:
+            probe.close()
         c = self._connection()
         with self._lock:
             self._retry(lambda: c.execute("ATTACH DATABASE ? AS other", (_uri(other, "ro"),)), "merge")
@@ -887,8 +966,12 @@ class Database:
                         "SELECT hash, onnx, n_nodes, ops FROM other.subgraphs"
                     )
                     added = c.execute(
-                        f"INSERT OR IGNORE INTO main.measurements ({_COLS}) SELECT {other_cols} FROM other.measurements ORDER BY id"
+                        f"INSERT OR IGNORE INTO main.measurements ({_COLS}) SELECT {other_cols} FROM other.measurements "
+                        f"WHERE NOT {LEGACY_RANGE} ORDER BY id"
                     ).rowcount
+                    n_bound = sum(put_boundary(c, row, "main.") for row in other_boundaries)
+                    n_runs = sum(put_plan(c, p, "main.") for p in other_plans)
+                    self.last_merge = {"measurements": added, "boundaries": n_bound, "plan_runs": n_runs}
                     if other_has_probes:
                         c.execute("INSERT OR IGNORE INTO main.probes SELECT * FROM other.probes")
                     # a failed row here gives way to the other file's settled one
@@ -903,6 +986,7 @@ class Database:
                             row = c.execute(f"SELECT * FROM ({sel}) WHERE {cond} AND status != 'failed'", key).fetchone()
                             if row is not None:
                                 added += self._replace_failed(c, tuple(row))
+                    self.last_merge["measurements"] = added
                     return added
 
                 return self._write(tx, f"merge of {other}")

@@ -179,7 +179,7 @@ class PlanView:
         from collage_ml.measure.boundary import BoundaryTable
 
         if self.handoffs:
-            table = BoundaryTable(db.measurements(hardware=self.hardware, valid=True, family="boundary"))
+            table = BoundaryTable(db.boundaries(hardware=self.hardware))
             for h in self.handoffs:
                 c = table.cost(self.partitions[h.src].backend, self.partitions[h.dst].backend, h.nbytes)
                 h.cost_ms = None if c is None else c * 1e3

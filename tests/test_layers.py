@@ -2,8 +2,8 @@
 
 The order, bottom to top (a module's layer is its top-level module or package under ``collage_ml``):
 
-    errors, cost, paths, defaults, ui < ir < backends < candidates, plan < measure < db < featurize < models
-    < search < collector, sampling < api, viz < cli, __main__, __init__
+    errors, cost, paths, defaults, ui < ir < backends < candidates, plan < measure < db, db_records < featurize
+    < models < search < collector, sampling < api, viz < cli, __main__, __init__
 
 ``ui`` (progress bars and tables, on rich) is at the bottom because place (``search``), collect and train
 (``models``) all use it.
@@ -28,7 +28,7 @@ ORDER = [
     {"backends"},
     {"candidates", "plan"},
     {"measure"},
-    {"db"},
+    {"db", "db_records"},
     {"featurize"},
     {"models"},
     {"search"},

@@ -8,8 +8,10 @@ dispatch, any copy, and the threads of one runtime still spinning (or already
 asleep) when the other starts. Same-backend pairs (A->A) give the cost of
 cutting one session into two.
 
-Results are stored like any other measurement: the subgraph hash is
-``boundary:<nbytes>``, the backend ``A->B``, the version ``vA|vB``.
+Results are :class:`~collage_ml.measure.records.BoundaryCost` records, stored
+in the database's ``boundaries`` table, keyed by the ordered backend pair (names
+and versions), the tensor's bytes and descriptor (``float32[1,256]``), the
+hardware fingerprint and the protocol; never as fake candidates.
 """
 
 from __future__ import annotations
@@ -20,8 +22,9 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from collage_ml.cost import CandidateKey, Measurement
+from collage_ml.cost import Measurement
 from collage_ml.errors import describe
+from collage_ml.measure.records import BoundaryCost, boundary_from_legacy, boundary_key
 from collage_ml.measure.timing import TimingConfig
 
 #: tensor sizes the table is measured at (float32 elements): 1 KiB, 64 KiB, 1 MiB, 4 MiB
@@ -78,15 +81,20 @@ class BoundaryTask:
             return {"valid": False, "error_text": describe(e)}
 
 
-def boundary_key(first, second, nbytes: int) -> CandidateKey:
-    return CandidateKey(f"boundary:{nbytes}", f"{first.name}->{second.name}", f"{first.version}|{second.version}")
+def _stored(runner, key) -> BoundaryCost | None:
+    """The runner's database's boundary cost of ``key`` on its hardware and protocol, unless it is to be retried."""
+    if runner.db is None:
+        return None
+    b = runner.db.get_boundary(key, runner.hardware, runner.timing.name)
+    return None if b is None or b.retryable else b
 
 
 def measure_boundaries(
     runner, backends: Sequence, sizes: Iterable[int] = SIZES, pairs: Iterable[tuple] | None = None,
     cached_only: bool = False,
-) -> list[Measurement]:
-    """Measures (or reads from the runner's DB) the boundary cost of every ordered backend pair.
+) -> list[BoundaryCost]:
+    """Measures (or reads from the runner's DB) the boundary cost of every ordered backend pair, at every
+    size in ``sizes`` (float32 elements), and commits each new one to the DB's ``boundaries`` table.
 
     ``pairs`` restricts it to those (first, second) backend pairs; ``cached_only`` reads the DB only.
     """
@@ -95,8 +103,8 @@ def measure_boundaries(
     todo = list(pairs) if pairs is not None else [(a, b) for a in backends for b in backends]
     for a, b in todo:
         for numel in sizes:
-            key = boundary_key(a, b, numel * 4)
-            cached = runner.lookup(key)
+            key = boundary_key(a, b, numel)
+            cached = _stored(runner, key)
             if cached is not None:
                 out.append(cached)
                 continue
@@ -104,33 +112,33 @@ def measure_boundaries(
                 continue
             timing = replace(runner.timing, time_cap=min(runner.timing.time_cap, BOUNDARY_TIME_CAP))
             r = runner.worker_for([a, b]).run(BoundaryTask(a.spec(), b.spec(), numel, runner.threads, timing), runner.timeout)
-            m = Measurement(
-                key=key, hardware=runner.hardware, valid=bool(r.get("valid")), samples=r.get("samples", []),
+            rec = BoundaryCost(
+                key=key, hardware=runner.hardware, valid=bool(r.get("valid")), samples=list(r.get("samples", [])),
                 median=r.get("median"), spread=r.get("spread"), threads=runner.threads,
-                versions={**a.versions(), **b.versions()}, family="boundary", error_text=r.get("error_text", ""),
+                versions={**a.versions(), **b.versions()}, error_text=r.get("error_text", ""),
                 extra=r.get("extra", {}), failed=bool(r.get("failed")), protocol=runner.timing.name,
             )
             if runner.db is not None:
-                runner.db.commit(m)
-            out.append(m)
+                runner.db.commit_boundary(rec)
+            out.append(rec)
     return out
 
 
 class BoundaryTable:
     """Boundary cost lookup by (first backend, second backend, bytes), interpolated in log-size."""
 
-    def __init__(self, measurements: Iterable[Measurement] = ()):
+    def __init__(self, records: Iterable[BoundaryCost | Measurement] = ()):
         self.points: dict[tuple[str, str], list[tuple[int, float]]] = {}
-        self.add(measurements)
+        self.add(records)
 
-    def add(self, measurements: Iterable[Measurement]) -> None:
-        """Adds boundary measurements (invalid ones and other rows are ignored)."""
-        for m in measurements:
-            if not m.valid or not m.key.subgraph_hash.startswith("boundary:"):
+    def add(self, records: Iterable[BoundaryCost | Measurement]) -> None:
+        """Adds boundary costs (invalid ones are ignored). A :class:`Measurement` in the old shape of a boundary
+        cost (``boundary:<nbytes>``) counts as one; any other measurement is ignored."""
+        for r in records:
+            b = boundary_from_legacy(r) if isinstance(r, Measurement) else r
+            if b is None or not b.valid or b.median is None:
                 continue
-            a, _, b = m.key.backend.partition("->")
-            nbytes = int(m.key.subgraph_hash.split(":", 1)[1])
-            self.points.setdefault((a, b), []).append((nbytes, float(m.median)))
+            self.points.setdefault(b.key.pair, []).append((int(b.key.nbytes), float(b.median)))
         for v in self.points.values():
             v.sort()
 

@@ -6,6 +6,11 @@ same rules as candidates. A plan that fails to compile or gives wrong numbers
 is invalid, with its error text. The timing follows the measurement protocol's
 per-process rules (``measure.timing``); the tuner times the plans it compares
 in two rounds, in opposite orders.
+
+Every run is kept: :func:`measure_plan` adds it to the plan's record in the
+runner's database (``plan_timings``, keyed by the plan's hash; see
+``measure.records``), so each plan the tuner or the graph-level search judges
+end to end is there for the cost model.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from collage_ml.errors import describe
+from collage_ml.measure.records import record_plan_timing
 from collage_ml.measure.timing import Tolerance, TimingConfig
 
 
@@ -61,7 +67,8 @@ class PlanTask:
 
 
 def measure_plan(runner, graph, plan, reference, process: int = 0) -> dict:
-    """Measures ``plan`` end to end in the runner's worker number ``process``; returns the result dict.
+    """Measures ``plan`` end to end in the runner's worker number ``process``; returns the result dict,
+    and records the run in the runner's database (when it has one).
 
     The tuner's second round uses another process, so the best of its rounds is a minimum over processes,
     as the protocol asks."""
@@ -71,5 +78,8 @@ def measure_plan(runner, graph, plan, reference, process: int = 0) -> dict:
                     runner.timing, runner.tolerance)
     from collage_ml.plan import _backend_of
 
-    worker = runner.worker_for([_backend_of(p) for p in plan.partitions], process)
-    return worker.run(task, runner.timeout * 4)
+    backends = [_backend_of(p) for p in plan.partitions]
+    worker = runner.worker_for(backends, process)
+    result = worker.run(task, runner.timeout * 4)
+    record_plan_timing(runner, graph, plan, backends, result, process)
+    return result

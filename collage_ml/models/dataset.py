@@ -133,6 +133,11 @@ class Dataset:
         unless ``include_contended``, and counted in ``Dataset.contended``. A stored subgraph that no longer
         parses is skipped and counted in ``Dataset.skipped``. Each sample's hardware descriptor carries the
         probe results the database holds for its machine (none for a machine that was never calibrated).
+
+        ``Dataset.kinds`` counts each kind of record of that hardware and those protocols that is valid:
+        ``candidates`` (the measurements the samples come from), ``boundaries`` (boundary costs) and ``plans``
+        (plans judged end to end). Boundary costs and plans are records of their own kinds, never samples, and
+        never counted as skipped.
         """
         from collage_ml.db import Database
 
@@ -146,6 +151,9 @@ class Dataset:
             contended = sum(1 for m in rows if m.extra.get("contended"))
             if not include_contended:
                 rows = [m for m in rows if not m.extra.get("contended")]
+            records = (d.record_counts(hardware=hardware, valid=True, protocols=protocols)
+                       if hasattr(d, "record_counts") else {"boundaries": 0, "plan_timings": 0})
+            n_candidates = len(rows)
             by_protocol: dict[str, int] = {}
             for m in rows:
                 by_protocol[m.protocol] = by_protocol.get(m.protocol, 0) + 1
@@ -193,6 +201,8 @@ class Dataset:
         ds.skipped = skipped  # type: ignore[attr-defined]
         ds.contended = contended  # type: ignore[attr-defined]
         ds.protocols = by_protocol  # type: ignore[attr-defined]
+        ds.kinds = {"candidates": n_candidates, "boundaries": records["boundaries"],  # type: ignore[attr-defined]
+                    "plans": records["plan_timings"]}
         return ds
 
     @staticmethod

@@ -341,7 +341,7 @@ class TVMBackend(Backend):
     def db_dir(self) -> Path:
         if self._db_dir is not None:
             return self._db_dir
-        from collage_ml.ir.importers import cache_dir
+        from collage_ml.paths import cache_dir
 
         return cache_dir() / "tvm-tuning"
 

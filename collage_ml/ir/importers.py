@@ -30,11 +30,7 @@ from onnx import helper, numpy_helper
 
 from collage_ml.errors import CollageError, ModelError, UnsupportedModelError, describe, first_line
 from collage_ml.ir.graph import Graph, TensorInfo, _toposort, run_onnx
-
-
-def cache_dir() -> Path:
-    """Where exported zoo models are cached (``$COLLAGE_ML_CACHE`` or ``~/.cache/collage-ml``)."""
-    return Path(os.environ.get("COLLAGE_ML_CACHE", Path.home() / ".cache" / "collage-ml"))
+from collage_ml.paths import cache_dir
 
 
 def import_model(

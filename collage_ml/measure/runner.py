@@ -36,6 +36,7 @@ from collage_ml.candidates import Candidate
 from collage_ml.cost import CandidateKey, Measurement
 from collage_ml.errors import BackendError, describe
 from collage_ml.measure.timing import Tolerance, TimingConfig
+from collage_ml.paths import default_threads  # collector.py still imports it from here
 
 STARTUP_TIMEOUT = 120.0
 THREAD_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "TVM_NUM_THREADS")
@@ -503,19 +504,6 @@ def combine_runs(runs: Sequence[dict]) -> dict:
         extra={**runs[0].get("extra", {}), **extra},
     )
     return out
-
-
-def default_threads() -> int:
-    """Intra-op threads for every backend: ``$COLLAGE_ML_THREADS``, else the physical core count."""
-    env = os.environ.get("COLLAGE_ML_THREADS")
-    if env:
-        return max(1, int(env))
-    try:
-        import psutil
-
-        return max(1, psutil.cpu_count(logical=False) or os.cpu_count() or 1)
-    except ImportError:  # pragma: no cover
-        return max(1, os.cpu_count() or 1)
 
 
 def measure_candidates(

@@ -2,7 +2,7 @@
 
 The order, bottom to top (a module's layer is its top-level module or package under ``collage_ml``):
 
-    errors, cost, paths, defaults < ir < backends < candidates, plan < measure < db < featurize < models < search
+    errors, cost, paths, defaults, ort_pool < ir < backends < candidates, plan < measure < db < featurize < models < search
     < collector, sampling < api, viz < cli, __main__, __init__
 
 Imports inside functions count: a lazy import is still a dependency. The package root itself
@@ -20,7 +20,7 @@ from pathlib import Path
 PKG = Path(__file__).resolve().parents[1] / "collage_ml"
 
 ORDER = [
-    {"errors", "cost", "paths", "defaults"},
+    {"errors", "cost", "paths", "defaults", "ort_pool"},
     {"ir"},
     {"backends"},
     {"candidates", "plan"},
@@ -37,7 +37,6 @@ LAYER = {name: i for i, names in enumerate(ORDER) for name in names}
 
 #: (importing module, imported module) pairs that go upward today
 KNOWN: set[tuple[str, str]] = {
-    ("collage_ml.ir.graph", "collage_ml.backends.onnxruntime_backend"),  # the reference run's ORT session
     ("collage_ml.plan", "collage_ml.measure.runner"),  # rebuilding backends from specs
     ("collage_ml.plan", "collage_ml.measure.timing"),  # PlacedModel.time
 }

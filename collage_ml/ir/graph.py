@@ -301,7 +301,7 @@ def run_onnx(
         if t not in existing:
             m.graph.output.append(onnx.ValueInfoProto(name=t))
             existing.add(t)
-    from collage_ml.backends.onnxruntime_backend import fit_session_options
+    from collage_ml.ort_pool import fit_session_options
 
     so = ort.SessionOptions()
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL

@@ -77,8 +77,30 @@ class Backend(abc.ABC):
         self._reason: str | None = None
 
     def spec(self) -> tuple[str, str, dict]:
-        """(module, class name, config): how a worker process rebuilds this backend."""
+        """(module, class name, config): how a worker process rebuilds this backend (:meth:`from_spec`)."""
         return (type(self).__module__, type(self).__qualname__, dict(self.config))
+
+    @staticmethod
+    def from_spec(spec: Sequence, trusted: bool = False) -> "Backend":
+        """The backend a :meth:`spec` describes, built with its constructor arguments.
+
+        By default the class must be a registered backend's (a built-in, a :func:`register_backend` call, or
+        a plug-in already loaded), found in the registry by module and class name: nothing the spec names is
+        imported, and anything else raises :class:`BackendError`. ``trusted=True`` imports the named class
+        instead (it must be a Backend subclass): only for specs this process, or its parent, made itself
+        (a worker rebuilding its parent's backends, test fixtures included), never for data from a file.
+        """
+        if not (isinstance(spec, (list, tuple)) and len(spec) == 3 and isinstance(spec[0], str)
+                and isinstance(spec[1], str) and isinstance(spec[2], Mapping)):
+            raise BackendError(f"not a backend spec (module, class, config): {str(spec)[:120]}")
+        module, qualname, config = spec
+        cls = _imported_class(module, qualname) if trusted else _registered_class(module, qualname)
+        return cls(**dict(config))
+
+    def check_process_compatible(self, backends: Sequence["Backend"]) -> None:
+        """Raises :class:`BackendError` when this backend cannot run in one process with ``backends``
+        (a placed model's, this one included): process-wide state they would need set differently, as
+        onnxruntime's shared and own thread pools. The default: no constraint."""
 
     # -- configurations ----------------------------------------------------------------
     def options(self) -> dict[str, str]:
@@ -270,6 +292,29 @@ def probe_failures(backend_name: str | None = None) -> dict[tuple, str]:
 _FACTORIES: dict[str, Callable[[], Backend]] = {}
 _INSTANCES: dict[str, Backend] = {}
 _ENTRY_POINTS_LOADED = False
+
+
+def _registered_class(module: str, qualname: str) -> type[Backend]:
+    """The class of a registered backend with this module and class name; never imports ``module``."""
+    registered()
+    made = [type(b) for b in _INSTANCES.values()]
+    for cls in [f for f in _FACTORIES.values() if isinstance(f, type)] + made:
+        if cls.__module__ == module and cls.__qualname__ == qualname and issubclass(cls, Backend):
+            return cls
+    raise BackendError(f"{module}.{qualname} is not a registered backend; only registered backends are "
+                       "rebuilt from a spec")
+
+
+def _imported_class(module: str, qualname: str) -> type[Backend]:
+    """The class ``module.qualname``, imported: for specs from this process or its parent only."""
+    import importlib
+
+    obj: Any = importlib.import_module(module)
+    for part in qualname.split("."):
+        obj = getattr(obj, part)
+    if not (isinstance(obj, type) and issubclass(obj, Backend)):
+        raise BackendError(f"{module}.{qualname} is not a Backend class")
+    return obj
 
 
 def register_backend(name: str, factory: Callable[[], Backend] | None = None):

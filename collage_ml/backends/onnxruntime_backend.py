@@ -170,6 +170,9 @@ class OnnxRuntimeBackend(Backend):
         configurations cannot live with: measure (and run) each group in its own process."""
         return "onnxruntime-global-pool" if self.pool == "shared" else None
 
+    def check_process_compatible(self, backends: Sequence[Backend]) -> None:
+        check_pool_compatible(backends)
+
     def _probe(self) -> None:
         import onnxruntime  # noqa: F401
 

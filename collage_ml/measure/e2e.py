@@ -69,7 +69,5 @@ def measure_plan(runner, graph, plan, reference, process: int = 0) -> dict:
     expected = {n: reference[n] for n in graph.output_names}
     task = PlanTask(graph.model.SerializeToString(), plan.to_json(specs=True), feeds, expected, runner.threads,
                     runner.timing, runner.tolerance)
-    from collage_ml.plan import _backend_of
-
-    worker = runner.worker_for([_backend_of(p) for p in plan.partitions], process)
+    worker = runner.worker_for([p.resolve_backend() for p in plan.partitions], process)
     return worker.run(task, runner.timeout * 4)

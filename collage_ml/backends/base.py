@@ -60,6 +60,11 @@ class Backend(abc.ABC):
     ``base[key=value,...]`` (see :func:`parse_backend_name`); its ``name``
     lists the keys that differ from the defaults, so the all-defaults
     configuration keeps the plain name.
+
+    Optional, with defaults here that mean "nothing special": :attr:`packages`,
+    :attr:`CONFIGS`, :attr:`process_group` (read by the Runner),
+    :meth:`check_process_compatible` (read by placed models) and
+    :meth:`_probe`. Code outside a backend reads only what this class declares.
     """
 
     name: str = ""
@@ -69,6 +74,10 @@ class Backend(abc.ABC):
     packages: tuple[str, ...] = ()
     #: the declared configuration grid: key -> allowed values (canonical spelling), the first the default
     CONFIGS: dict[str, tuple[str, ...]] = {}
+    #: not None when compiling this backend changes process-wide state that other configurations cannot live
+    #: with (onnxruntime's global thread pool): the Runner measures (and runs) each group in processes of its
+    #: own. Subclasses may make it a property of their configuration.
+    process_group: str | None = None
 
     def __init__(self, **config: object) -> None:
         #: constructor arguments; with the class they rebuild this backend in a worker process

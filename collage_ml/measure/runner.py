@@ -314,7 +314,7 @@ class Runner:
                 w.stop()
 
     def _group(self, backends) -> str | None:
-        groups = {getattr(b, "process_group", None) for b in backends} - {None}
+        groups = {b.process_group for b in backends} - {None}
         if len(groups) > 1:
             raise BackendError(f"backends of process groups {sorted(groups)} cannot run in one process")
         return groups.pop() if groups else None

@@ -29,7 +29,8 @@ import onnx
 from onnx import helper, numpy_helper
 
 from collage_ml.errors import CollageError, ModelError, UnsupportedModelError, describe, first_line
-from collage_ml.ir.graph import Graph, TensorInfo, _toposort, run_onnx
+from collage_ml.ir.graph import Graph, TensorInfo, _toposort
+from collage_ml.ir.reference import run_onnx
 from collage_ml.paths import cache_dir
 
 

@@ -32,7 +32,7 @@ def main() -> None:
 
     import collage_ml
     from collage_ml.measure.hardware import hardware_info
-    from collage_ml.measure.runner import default_threads
+    from collage_ml.paths import default_threads
     from collage_ml.measure.timing import LEGACY, TimingConfig
 
     protocols = {"m1": LEGACY, "m2": TimingConfig()}

@@ -257,7 +257,7 @@ def main(argv=None) -> int:
         args.candidates = args.candidates.replace("tvm+ms32", "tvm+ms4")
 
     from collage_ml.backends.base import split_backend_names
-    from collage_ml.measure.runner import default_threads
+    from collage_ml.paths import default_threads
 
     baselines = split_backend_names(args.baselines)
     candidates = split_backend_names(args.candidates)

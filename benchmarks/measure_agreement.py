@@ -155,7 +155,7 @@ def main() -> None:
 
     from collage_ml.backends import resolve_backends
     from collage_ml.measure.hardware import hardware_info
-    from collage_ml.measure.runner import default_threads
+    from collage_ml.paths import default_threads
 
     threads = args.threads or default_threads()
     backends = resolve_backends(args.backends)

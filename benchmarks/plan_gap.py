@@ -103,7 +103,7 @@ def main(argv=None) -> int:
 
     import collage_ml
     from collage_ml.ir.importers import import_model
-    from collage_ml.measure.runner import default_threads
+    from collage_ml.paths import default_threads
     from collage_ml.plan import Plan
 
     threads = default_threads()

@@ -59,7 +59,7 @@ def place(
     progress: bool = PROGRESS,
     log: Callable[[str], None] | None = None,
 ):
-    """Places ``model`` on the fastest mix of ``backends``; returns a runnable :class:`~collage_ml.plan.PlacedModel`.
+    """Places ``model`` on the fastest mix of ``backends``; returns a runnable :class:`~collage_ml.placed.PlacedModel`.
 
     - ``model``: anything :func:`import_model` takes (a zoo name, an ``.onnx`` path, an
       ``onnx.ModelProto``, or an ``nn.Module`` with ``example_inputs``); ``batch`` sizes zoo
@@ -217,7 +217,7 @@ def load(path: str | Path, threads: int | None = THREADS):
 
     ``threads`` overrides the thread count the plan was placed with (None keeps it).
     """
-    from collage_ml.plan import load as _load
+    from collage_ml.placed import load as _load
 
     return _load(path, threads=threads)
 
@@ -225,7 +225,7 @@ def load(path: str | Path, threads: int | None = THREADS):
 def show(placed: Any, svg: str | Path | None = None, *, db: Any = DB, report: Mapping[str, Any] | None = None):
     """A picture and a table of a placed model's plan; returns a :class:`~collage_ml.viz.PlanView`.
 
-    ``placed`` is a :class:`~collage_ml.plan.PlacedModel` or a directory written by
+    ``placed`` is a :class:`~collage_ml.placed.PlacedModel` or a directory written by
     ``PlacedModel.save`` (read without compiling any backend). ``svg``: write the picture
     there (Graphviz's ``dot`` lays it out; a :class:`~collage_ml.viz.GraphvizMissing` error
     says how to install it). ``db``: the measurement database that partition latencies and
@@ -235,7 +235,7 @@ def show(placed: Any, svg: str | Path | None = None, *, db: Any = DB, report: Ma
     """
     from collage_ml.db import default_db_path
     from collage_ml.errors import CollageError
-    from collage_ml.plan import PlacedModel
+    from collage_ml.placed import PlacedModel
     from collage_ml.viz import PlanView, read_placed
 
     if isinstance(placed, PlacedModel):

@@ -306,7 +306,7 @@ def _onnx_summary(data: bytes) -> tuple[int | None, str | None]:
 def default_db_path() -> Path:
     """The per-user measurement database: ``<cache_dir()>/measurements.db``
     (``$COLLAGE_ML_CACHE/measurements.db``, else ``~/.cache/collage-ml/measurements.db``)."""
-    from collage_ml.ir.importers import cache_dir
+    from collage_ml.paths import cache_dir
 
     return cache_dir() / "measurements.db"
 

@@ -7,7 +7,7 @@ read it. ``None`` defaults are resolved where they are used, at call time:
 - ``DB = None``: the per-user database, :func:`collage_ml.db.default_db_path`
   (``$COLLAGE_ML_CACHE/measurements.db``, else ``~/.cache/collage-ml/measurements.db``);
 - ``THREADS = None``: ``$COLLAGE_ML_THREADS``, else the physical core count
-  (:func:`collage_ml.measure.runner.default_threads`), the same for every backend.
+  (:func:`collage_ml.paths.default_threads`), the same for every backend.
 """
 
 #: the largest region candidate enumerated for region backends, in nodes; each backend's whole-model

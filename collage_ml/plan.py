@@ -1,15 +1,13 @@
-"""Plans and placed models.
+"""Plans: the data of a placement.
 
 A :class:`Plan` is a cover of a Graph by non-overlapping partitions, each on
 one backend, with predicted and measured costs; it serialises to JSON.
-:meth:`Plan.compile` returns a :class:`PlacedModel`, which runs the partitions
-in topological order and hands tensors between backends without copies
-(numpy arrays, torch tensors and TVM tensors all speak DLPack on the CPU).
-
-Before compiling, adjacent partitions on the same *region* backend are merged
-whenever their union is convex, so a plan is not cut into many small
-sessions (fusion inside a region backend is worth more than most per-op
-choices).
+:meth:`Plan.compile` returns a :class:`~collage_ml.placed.PlacedModel`
+(compiling, running, saving and loading live in :mod:`collage_ml.placed`).
+:meth:`Plan.merged` merges adjacent partitions on the same *region* backend
+whenever their union is convex, which compiling does first, so a plan is not
+cut into many small sessions (fusion inside a region backend is worth more
+than most per-op choices).
 
 A plan file is data. It names each partition's backend by its registered name
 and configuration (``onnxruntime[spin=on]``); loading resolves that name
@@ -19,24 +17,22 @@ the file names. ``Partition.backend_spec`` (module, class, constructor
 arguments) exists only in memory, for backends this process built itself; it
 is written only with ``to_dict(specs=True)`` and read back only with
 ``from_dict(..., trusted=True)``, for a channel between a process and its own
-workers. A placed-model folder also records the SHA-256 of its ``model.onnx``,
-checked at load, so swapped weights are refused instead of run.
+workers. :meth:`Partition.resolve_backend` turns a partition into its Backend.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import numbers
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
-import numpy as np
-
-from collage_ml.backends.base import Backend, Executable, get_backend, to_numpy
-from collage_ml.errors import BackendError, CollageError, ModelError, PlanError, first_line
+from collage_ml.backends.base import Backend, get_backend
+from collage_ml.errors import BackendError, CollageError, PlanError, first_line
 from collage_ml.ir.graph import Graph, iter_bits
+
+if TYPE_CHECKING:
+    from collage_ml.placed import PlacedModel
 
 PLAN_FORMAT = 2  # 2: backends by registered name only (1 also stored an importable backend_spec)
 READ_FORMATS = (1, 2)
@@ -57,6 +53,30 @@ class Partition:
         for i in self.nodes:
             m |= 1 << i
         return m
+
+    def resolve_backend(self) -> Backend:
+        """The Backend this partition runs on, checked to be available.
+
+        An in-memory ``backend_spec`` (a backend this process, or its parent, built) is rebuilt as it is;
+        otherwise, and should that fail, the registered name is resolved through the registry. (The name
+        ``backend`` is the partition's field, the backend's registered name, so this method has another.)
+        """
+        if self.backend_spec:  # in memory only: plan files never carry one
+            try:
+                b = Backend.from_spec(self.backend_spec, trusted=True)
+            except Exception:
+                b = get_backend(self.backend)
+        else:
+            b = get_backend(self.backend)
+        b.require()
+        return b
+
+    def is_region(self) -> bool:
+        """Whether this partition's backend has region patterns (False when it cannot be resolved)."""
+        try:
+            return any(pt.kind == "region" for pt in self.resolve_backend().patterns)
+        except CollageError:
+            return False
 
 
 @dataclass
@@ -212,12 +232,11 @@ class Plan:
 
     # -- compile -----------------------------------------------------------------------------------
     def compile(self, graph: Graph, threads: int | None = None, merge: bool = True) -> "PlacedModel":
-        self.validate(graph)
-        plan = self
-        if merge:
-            region = {p.backend for p in self.partitions if _is_region(p)}
-            plan = self.merged(graph, region)
-        return PlacedModel(graph, plan, threads or self.threads)
+        """Compiles the plan into a runnable :class:`~collage_ml.placed.PlacedModel`
+        (:func:`collage_ml.placed.compile_plan`)."""
+        from collage_ml.placed import compile_plan
+
+        return compile_plan(self, graph, threads, merge)
 
 
 def _partition_order(graph: Graph, parts: Sequence[Partition]) -> list[int] | None:
@@ -311,189 +330,3 @@ def _check_legacy_spec(where: str, b: Backend, spec: object) -> None:
         raise PlanError(f"{where}: its backend_spec {shown} is not the registered backend {b.name!r} "
                         f"({cls.__module__}.{cls.__qualname__}); a plan file may only name registered backends")
 
-
-def _backend_of(p: Partition) -> Backend:
-    if p.backend_spec:  # in memory only: a backend this process built (plan files never carry one)
-        from collage_ml.measure.runner import build_backend
-
-        try:
-            b = build_backend(p.backend_spec)
-        except Exception:
-            b = get_backend(p.backend)
-    else:
-        b = get_backend(p.backend)
-    b.require()
-    return b
-
-
-def _is_region(p: Partition) -> bool:
-    try:
-        return any(pt.kind == "region" for pt in _backend_of(p).patterns)
-    except CollageError:
-        return False
-
-
-class PlacedModel:
-    """A compiled plan: call it like the model (numpy arrays or torch tensors, positional or by name)."""
-
-    def __init__(self, graph: Graph, plan: Plan, threads: int = 1):
-        self.graph = graph
-        self.plan = plan
-        self.threads = threads
-        self.report: Mapping[str, Any] = {}  # place sets a PlaceReport; a loaded model, the JSON object
-        order = plan.execution_order(graph)
-        self._steps: list[tuple[Executable, tuple[str, ...], tuple[str, ...]]] = []
-        from collage_ml.backends.onnxruntime_backend import check_pool_compatible
-
-        backends = {k: _backend_of(plan.partitions[k]) for k in order}
-        check_pool_compatible(list(backends.values()))  # ORT's shared and own pools cannot meet in one process
-        for k in order:
-            p = plan.partitions[k]
-            backend = backends[k]
-            exe = backend.compile(graph.subgraph(p.mask), threads=threads)
-            self._steps.append((exe, tuple(exe.input_names), tuple(exe.output_names)))
-        # free each intermediate after its last use
-        last_use: dict[str, int] = {}
-        for s, (_, ins, _) in enumerate(self._steps):
-            for t in ins:
-                last_use[t] = s
-        outs = set(graph.output_names)
-        self._free = [[t for t in ins if last_use.get(t) == s and t not in outs and t not in graph.input_names]
-                      for s, (_, ins, _) in enumerate(self._steps)]
-        self.input_names = graph.input_names
-        self.output_names = graph.output_names
-
-    def run(self, inputs: Mapping[str, Any]) -> dict[str, Any]:
-        """Runs on a dict of inputs; returns the outputs as the backends produced them (DLPack-capable)."""
-        env: dict[str, Any] = dict(inputs)
-        for (exe, ins, outs), free in zip(self._steps, self._free):
-            res = exe(*[env[t] for t in ins])
-            for t, v in zip(outs, res):
-                env[t] = v
-            for t in free:
-                del env[t]
-        return {t: env[t] for t in self.output_names}
-
-    def __call__(self, *args: Any, **kwargs: Any):
-        """Positional inputs in model order (or keywords by name); returns numpy or torch like the inputs."""
-        if args and kwargs:
-            raise TypeError("pass inputs positionally or by name, not both")
-        if args:
-            if len(args) != len(self.input_names):
-                raise TypeError(f"expected {len(self.input_names)} input(s) {list(self.input_names)}, got {len(args)}")
-            feeds = dict(zip(self.input_names, args))
-        else:
-            missing = [n for n in self.input_names if n not in kwargs]
-            if missing:
-                raise TypeError(f"missing input(s) {missing}")
-            feeds = dict(kwargs)
-        torch_in = any(type(v).__module__.startswith("torch") for v in feeds.values())
-        feeds = {k: _contiguous(v) for k, v in feeds.items()}
-        out = self.run(feeds)
-        if torch_in:
-            import torch
-
-            res = [torch.from_dlpack(_dlpackable(out[t])) for t in self.output_names]
-        else:
-            res = [to_numpy(out[t]) for t in self.output_names]
-        return res[0] if len(res) == 1 else tuple(res)
-
-    def save(self, path: str | Path) -> Path:
-        """Writes ``model.onnx`` (the imported graph) and ``plan.json``; :func:`load` recompiles."""
-        import onnx
-
-        d = Path(path)
-        d.mkdir(parents=True, exist_ok=True)
-        onnx.save(self.graph.model, str(d / "model.onnx"))
-        plan = self.plan.to_dict()
-        plan["model_sha256"] = _sha256(d / "model.onnx")
-        (d / "plan.json").write_text(json.dumps(plan, indent=1))
-        if self.report:
-            (d / "report.json").write_text(json.dumps(dict(self.report), indent=1, default=str))
-        return d
-
-    def time(self, inputs: Mapping[str, Any] | None = None, timing=None) -> float:
-        """Median end-to-end latency in seconds, by the measurement timing rules."""
-        from collage_ml.measure.timing import TimingConfig, time_callable
-
-        feeds = dict(inputs) if inputs is not None else self.graph.example_inputs()
-        return time_callable(lambda: self.run(feeds), timing or TimingConfig()).median
-
-
-def _contiguous(x: Any) -> Any:
-    if isinstance(x, np.ndarray):
-        return np.ascontiguousarray(x)
-    if hasattr(x, "is_contiguous") and not x.is_contiguous():
-        return x.contiguous()
-    return x
-
-
-def _dlpackable(x: Any) -> Any:
-    if isinstance(x, np.ndarray) and not x.flags.writeable:
-        return x.copy()
-    return x
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
-def _read_json(path: Path, what: str):
-    try:
-        return json.loads(path.read_text())
-    except OSError as e:
-        raise PlanError(f"{path}: cannot read {what}: {e.strerror or first_line(e)}") from None
-    except (UnicodeDecodeError, ValueError) as e:
-        raise PlanError(f"{path}: {what} is not valid JSON ({first_line(e)})") from None
-
-
-def load(path: str | Path, threads: int | None = None) -> PlacedModel:
-    """Loads a PlacedModel saved with :meth:`PlacedModel.save`, recompiling its backends.
-
-    The folder is data: every backend is resolved by its registered name (see the module docstring), the
-    plan must carry the graph hash of ``model.onnx`` and, from format 2, the SHA-256 of its bytes. Anything
-    malformed or tampered with raises :class:`PlanError` (or :class:`ModelError` for an unreadable model)
-    naming the file and the problem.
-    """
-    from collage_ml.ir.importers import from_onnx, load_onnx_file
-
-    d = Path(path)
-    if not (d / "plan.json").is_file() or not (d / "model.onnx").is_file():
-        raise ModelError(f"{d}: not a saved placed model (expected plan.json and model.onnx)")
-    pj = d / "plan.json"
-    raw = _read_json(pj, "the plan")
-    try:
-        plan = Plan.from_dict(raw)
-        if not plan.graph_hash:
-            raise PlanError("plan has no graph_hash, so it cannot be checked against model.onnx")
-        want = raw.get("model_sha256")
-        if raw.get("format") != 1 or want is not None:
-            if not isinstance(want, str) or not want:
-                raise PlanError("plan has no model_sha256 (the content hash of model.onnx)")
-            if want != _sha256(d / "model.onnx"):
-                raise PlanError("model.onnx is not the model this plan was saved with (content hash mismatch: "
-                                "its weights or graph were changed)")
-    except PlanError as e:
-        raise PlanError(f"{pj}: {e}") from None
-    graph = from_onnx(load_onnx_file(d / "model.onnx"), name=plan.model)
-    try:
-        plan.validate(graph)
-        for k, p in enumerate(plan.partitions):
-            try:
-                _backend_of(p)
-            except BackendError as e:
-                raise PlanError(f"plan partition {k}: {e}") from None
-        pm = plan.compile(graph, threads=threads)
-    except PlanError as e:
-        raise PlanError(f"{pj}: {e}") from None
-    rj = d / "report.json"
-    if rj.exists():
-        report = _read_json(rj, "the report")
-        if not isinstance(report, dict):
-            raise PlanError(f"{rj}: the report is a JSON {type(report).__name__}, not an object")
-        pm.report = report
-    return pm

@@ -25,7 +25,8 @@ from collage_ml.backends.patterns import RegionPattern
 from collage_ml.backends.torch_backend import TorchBackend
 from collage_ml.errors import BackendError
 from collage_ml.ir import from_onnx
-from collage_ml.ir.graph import Graph, run_onnx
+from collage_ml.ir.graph import Graph
+from collage_ml.ir.reference import run_onnx
 
 try:
     from collage_ml.ir import zoo

@@ -164,3 +164,32 @@ def test_openvino_outputs_are_not_overwritten_by_the_next_call():
     np.testing.assert_allclose(y1, g.reference({"x": x1})["y"], rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(y2, g.reference({"x": x2})["y"], rtol=1e-5, atol=1e-6)
     assert not np.shares_memory(y1, y2)
+
+
+def test_from_spec_rebuilds_registered_backends_only():
+    b = get_backend("onnxruntime[opt=basic]")
+    again = Backend.from_spec(b.spec())
+    assert type(again) is type(b) and again.name == b.name and again.config == b.config
+    from tests.fake_backends import WrongNumbersFixture
+
+    spec = WrongNumbersFixture().spec()  # a test fixture: importable, never registered
+    with pytest.raises(BackendError, match="not a registered backend"):
+        Backend.from_spec(spec)
+    with pytest.raises(BackendError, match="not a registered backend"):
+        Backend.from_spec(("no_such_module_collage", "Anything", {}))  # looked up, never imported
+    assert type(Backend.from_spec(spec, trusted=True)) is WrongNumbersFixture  # a process's own workers
+    with pytest.raises(BackendError, match="not a Backend class"):
+        Backend.from_spec(("collections", "OrderedDict", {}), trusted=True)
+    with pytest.raises(BackendError, match="not a backend spec"):
+        Backend.from_spec(["onnxruntime"])
+
+
+def test_partition_resolves_its_backend():
+    from collage_ml.plan import Partition
+
+    b = get_backend("onnxruntime[spin=on]")
+    assert Partition(b.name, [0]).resolve_backend() is b  # by registered name
+    built = Partition(b.name, [0], backend_spec=b.spec()).resolve_backend()  # from the in-memory spec
+    assert type(built) is type(b) and built.name == b.name
+    with pytest.raises(BackendError, match="unknown backend"):
+        Partition("no-such-backend", [0]).resolve_backend()

@@ -133,9 +133,9 @@ def test_unwritable_out_is_one_line(small, capsys):
 
 def test_worker_that_does_not_start_is_one_line(small, capsys, monkeypatch):
     root, model = small
-    from collage_ml.measure import runner
+    from collage_ml.measure import worker
 
-    monkeypatch.setattr(runner, "STARTUP_TIMEOUT", 1e-4)  # the real start-up check fails
+    monkeypatch.setattr(worker, "STARTUP_TIMEOUT", 1e-4)  # the real start-up check fails
     assert main(_place_args(root, model, "--db", str(root / "fresh.db"))) == 1
     line = _one_error_line(capsys.readouterr().err)
     assert "worker did not start" in line, line

@@ -82,7 +82,7 @@ def test_boundaries_and_to_onnx_numerics():
     onnx.checker.check_model(m)
     ref = g.reference()
     feeds, expected = sg.reference_io(ref)
-    from collage_ml.ir.graph import run_onnx
+    from collage_ml.ir.reference import run_onnx
 
     got = run_onnx(m, feeds)
     for k, v in expected.items():

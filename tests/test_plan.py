@@ -11,7 +11,8 @@ from collage_ml.candidates import enumerate_candidates
 from collage_ml.errors import CollageError, ModelError
 from collage_ml.ir import from_onnx, import_model, zoo
 from collage_ml.measure.timing import compare
-from collage_ml.plan import Partition, Plan, load
+from collage_ml.placed import load
+from collage_ml.plan import Partition, Plan
 from collage_ml.search.dp import solve
 from tests.helpers import chain_model
 

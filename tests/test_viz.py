@@ -15,7 +15,8 @@ from collage_ml.cli import main
 from collage_ml.cost import CandidateKey, Measurement
 from collage_ml.db import Database
 from collage_ml.ir import import_model
-from collage_ml.plan import PlacedModel, Plan
+from collage_ml.placed import PlacedModel
+from collage_ml.plan import Plan
 from collage_ml.search.dp import solve
 from collage_ml.viz import GraphvizMissing, PlanView
 from tests.fake_backends import FakeCostBackend

@@ -12,7 +12,7 @@ from collage_ml.backends.base import _OP_PROBES, get_backend, probe_op
 from collage_ml.cli import main
 from collage_ml.errors import CollageError
 from collage_ml.ir import import_model
-from collage_ml.ir.graph import run_onnx
+from collage_ml.ir.reference import run_onnx
 from collage_ml.measure.timing import TimingConfig
 from collage_ml.models import base as models_base
 from collage_ml.search.failures import FailureLog, normalise

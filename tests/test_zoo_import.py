@@ -5,7 +5,7 @@ import onnx
 import pytest
 
 from collage_ml.ir import import_model, zoo
-from collage_ml.ir.graph import run_onnx
+from collage_ml.ir.reference import run_onnx
 from tests.helpers import random_convex_masks
 
 TINY = zoo.names(include_tiny=True)

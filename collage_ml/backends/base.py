@@ -23,6 +23,9 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 import numpy as np
 from onnx import TensorProto
 
+from collage_ml.backends.names import (  # noqa: F401  (configured names; re-exported as the registry's)
+    configured_name, grid_text, normalise_options, parse_backend_name, split_backend_names,
+)
 from collage_ml.errors import BackendError, describe
 from collage_ml.ir.graph import Graph, Node, SubGraph
 
@@ -60,6 +63,11 @@ class Backend(abc.ABC):
     ``base[key=value,...]`` (see :func:`parse_backend_name`); its ``name``
     lists the keys that differ from the defaults, so the all-defaults
     configuration keeps the plain name.
+
+    Optional, with defaults here that mean "nothing special": :attr:`packages`,
+    :attr:`CONFIGS`, :attr:`process_group` (read by the Runner),
+    :meth:`check_process_compatible` (read by placed models) and
+    :meth:`_probe`. Code outside a backend reads only what this class declares.
     """
 
     name: str = ""
@@ -69,6 +77,10 @@ class Backend(abc.ABC):
     packages: tuple[str, ...] = ()
     #: the declared configuration grid: key -> allowed values (canonical spelling), the first the default
     CONFIGS: dict[str, tuple[str, ...]] = {}
+    #: not None when compiling this backend changes process-wide state that other configurations cannot live
+    #: with (onnxruntime's global thread pool): the Runner measures (and runs) each group in processes of its
+    #: own. Subclasses may make it a property of their configuration.
+    process_group: str | None = None
 
     def __init__(self, **config: object) -> None:
         #: constructor arguments; with the class they rebuild this backend in a worker process
@@ -77,8 +89,30 @@ class Backend(abc.ABC):
         self._reason: str | None = None
 
     def spec(self) -> tuple[str, str, dict]:
-        """(module, class name, config): how a worker process rebuilds this backend."""
+        """(module, class name, config): how a worker process rebuilds this backend (:meth:`from_spec`)."""
         return (type(self).__module__, type(self).__qualname__, dict(self.config))
+
+    @staticmethod
+    def from_spec(spec: Sequence, trusted: bool = False) -> "Backend":
+        """The backend a :meth:`spec` describes, built with its constructor arguments.
+
+        By default the class must be a registered backend's (a built-in, a :func:`register_backend` call, or
+        a plug-in already loaded), found in the registry by module and class name: nothing the spec names is
+        imported, and anything else raises :class:`BackendError`. ``trusted=True`` imports the named class
+        instead (it must be a Backend subclass): only for specs this process, or its parent, made itself
+        (a worker rebuilding its parent's backends, test fixtures included), never for data from a file.
+        """
+        if not (isinstance(spec, (list, tuple)) and len(spec) == 3 and isinstance(spec[0], str)
+                and isinstance(spec[1], str) and isinstance(spec[2], Mapping)):
+            raise BackendError(f"not a backend spec (module, class, config): {str(spec)[:120]}")
+        module, qualname, config = spec
+        cls = _imported_class(module, qualname) if trusted else _registered_class(module, qualname)
+        return cls(**dict(config))
+
+    def check_process_compatible(self, backends: Sequence["Backend"]) -> None:
+        """Raises :class:`BackendError` when this backend cannot run in one process with ``backends``
+        (a placed model's, this one included): process-wide state they would need set differently, as
+        onnxruntime's shared and own thread pools. The default: no constraint."""
 
     # -- configurations ----------------------------------------------------------------
     def options(self) -> dict[str, str]:
@@ -272,6 +306,29 @@ _INSTANCES: dict[str, Backend] = {}
 _ENTRY_POINTS_LOADED = False
 
 
+def _registered_class(module: str, qualname: str) -> type[Backend]:
+    """The class of a registered backend with this module and class name; never imports ``module``."""
+    registered()
+    made = [type(b) for b in _INSTANCES.values()]
+    for cls in [f for f in _FACTORIES.values() if isinstance(f, type)] + made:
+        if cls.__module__ == module and cls.__qualname__ == qualname and issubclass(cls, Backend):
+            return cls
+    raise BackendError(f"{module}.{qualname} is not a registered backend; only registered backends are "
+                       "rebuilt from a spec")
+
+
+def _imported_class(module: str, qualname: str) -> type[Backend]:
+    """The class ``module.qualname``, imported: for specs from this process or its parent only."""
+    import importlib
+
+    obj: Any = importlib.import_module(module)
+    for part in qualname.split("."):
+        obj = getattr(obj, part)
+    if not (isinstance(obj, type) and issubclass(obj, Backend)):
+        raise BackendError(f"{module}.{qualname} is not a Backend class")
+    return obj
+
+
 def register_backend(name: str, factory: Callable[[], Backend] | None = None):
     """Registers a backend factory under ``name``; usable as a class decorator."""
 
@@ -345,101 +402,6 @@ def get_backend(name: str) -> Backend:
     b = _INSTANCES.setdefault(b.name, b)
     _INSTANCES[name] = b
     return b
-
-
-# -- configured names: base[key=value,...] ----------------------------------------------------
-_TRUE = ("on", "true", "1", "yes")
-_FALSE = ("off", "false", "0", "no")
-
-
-def parse_backend_name(name: str) -> tuple[str, dict[str, str]]:
-    """``"onnxruntime[spin=on, opt=basic]"`` -> ``("onnxruntime", {"spin": "on", "opt": "basic"})``.
-
-    Values are returned as written (stripped); :func:`normalise_options` validates them.
-    """
-    text = name.strip()
-    if "[" not in text and "]" not in text:
-        if not text:
-            raise BackendError("empty backend name")
-        return text, {}
-    base, sep, rest = text.partition("[")
-    base = base.strip()
-    if not base or not sep or not rest.endswith("]") or "[" in rest or "]" in rest[:-1]:
-        raise BackendError(f"malformed backend name {name!r}; expected base[key=value,...], e.g. onnxruntime[spin=on]")
-    options: dict[str, str] = {}
-    body = rest[:-1].strip()
-    for item in body.split(",") if body else []:
-        key, eq, value = item.partition("=")
-        key, value = key.strip().lower(), value.strip()
-        if not eq or not key or not value:
-            raise BackendError(f"malformed option {item.strip()!r} in backend name {name!r}; expected key=value")
-        if key in options:
-            raise BackendError(f"option {key!r} given twice in backend name {name!r}")
-        options[key] = value
-    return base, options
-
-
-def _normalise_value(value: object, allowed: Sequence[str]) -> str:
-    if isinstance(value, bool):
-        return "on" if value else "off"
-    v = str(value).strip().lower()
-    if set(allowed) <= {"on", "off"}:  # a switch: true/1/yes are on, false/0/no are off
-        return "on" if v in _TRUE else "off" if v in _FALSE else v
-    try:
-        return str(int(v))  # 02 -> 2
-    except ValueError:
-        return v
-
-
-def normalise_options(base: str, grid: Mapping[str, Sequence[str]], options: Mapping[str, object]) -> dict[str, str]:
-    """Canonical values for ``options`` (booleans as on/off, numbers without padding), checked against ``grid``.
-
-    Raises BackendError naming the declared grid for an unknown key or value.
-    """
-    out = {}
-    for key, value in options.items():
-        k = str(key).strip().lower()
-        if k not in grid:
-            raise BackendError(f"{base} has no option {k!r}; its declared grid is {grid_text(base, grid)}")
-        v = _normalise_value(value, grid[k])
-        if v not in grid[k]:
-            raise BackendError(f"{base}: {k}={value} is not in the declared grid {grid_text(base, grid)}")
-        out[k] = v
-    return out
-
-
-def grid_text(base: str, grid: Mapping[str, Sequence[str]]) -> str:
-    """``onnxruntime[opt=all|basic, spin=off|on]`` (defaults first)."""
-    return f"{base}[" + ", ".join(f"{k}={'|'.join(v)}" for k, v in sorted(grid.items())) + "]"
-
-
-def configured_name(base: str, grid: Mapping[str, Sequence[str]], options: Mapping[str, str]) -> str:
-    """The canonical name: ``base`` plus the options that differ from the grid's defaults, keys sorted."""
-    diff = {k: v for k, v in options.items() if not (k in grid and grid[k] and grid[k][0] == v)}
-    if not diff:
-        return base
-    return f"{base}[" + ",".join(f"{k}={diff[k]}" for k in sorted(diff)) + "]"
-
-
-def split_backend_names(names: str) -> list[str]:
-    """Splits a comma-separated list at top-level commas only (not inside ``[...]``)."""
-    out, depth, cur = [], 0, []
-    for ch in names:
-        if ch == "[":
-            depth += 1
-        elif ch == "]":
-            depth -= 1
-            if depth < 0:
-                raise BackendError(f"unbalanced ']' in backend list {names!r}")
-        if ch == "," and depth == 0:
-            out.append("".join(cur))
-            cur = []
-        else:
-            cur.append(ch)
-    if depth:
-        raise BackendError(f"unbalanced '[' in backend list {names!r}")
-    out.append("".join(cur))
-    return [n.strip() for n in out if n.strip()]
 
 
 def all_backends() -> list[Backend]:

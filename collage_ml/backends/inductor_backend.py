@@ -56,7 +56,7 @@ def ensure_cache_dir() -> None:
                 return
         except Exception:  # a torch without that helper: respect whatever is set
             return
-    from collage_ml.ir.importers import cache_dir
+    from collage_ml.paths import cache_dir
 
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = str((cache_dir() / "inductor").absolute())
 

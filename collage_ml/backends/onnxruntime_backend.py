@@ -42,18 +42,21 @@ The rules of the global pool, as onnxruntime 1.32's Python API has them
   can no longer compile a ``pool=own`` one: that raises :class:`BackendError`
   up front, and a plan must not mix the two (:func:`check_pool_compatible`).
   Backends that change process-wide state say so in :attr:`OnnxRuntimeBackend.process_group`.
+
+The pool's state lives in :mod:`collage_ml.ort_pool`, at the bottom layer, so
+the reference run and the importer read it without importing this backend.
 """
 
 from __future__ import annotations
 
-import threading
 from typing import Any, Sequence
-
 
 from collage_ml.backends.base import Backend, Executable, configured_name, probe_op, register_backend, to_numpy
 from collage_ml.backends.patterns import RegionPattern
 from collage_ml.errors import BackendError, first_line
 from collage_ml.ir.graph import Graph, Node, SubGraph
+# the process's global pool state lives at the bottom layer, where reference runs read it too
+from collage_ml.ort_pool import ensure_global_pool, fit_session_options, global_pool_threads
 
 ORT_DOMAINS = ("", "ai.onnx", "com.microsoft")
 
@@ -77,54 +80,13 @@ class OrtExecutable(Executable):
 #: ORT_ENABLE_LAYOUT is left out: in 1.32 it optimises exactly as ORT_ENABLE_ALL on the CPU provider
 OPT_LEVELS = ("all", "extended", "basic", "none")
 
-#: threads of this process's ONNX Runtime global pool once a ``pool=shared`` session created it, else None
-_GLOBAL_POOL: dict[str, int | None] = {"threads": None}
-_GLOBAL_POOL_LOCK = threading.Lock()
-
-
-def global_pool_threads() -> int | None:
-    """The intra-op size of the global pool this process made for ``pool=shared`` sessions, or None."""
-    return _GLOBAL_POOL["threads"]
-
-
-def fit_session_options(so) -> Any:
-    """Makes ``so`` (an ``onnxruntime.SessionOptions``) acceptable in this process: once the global pool
-    exists, a session must use it. For code outside the backend that makes sessions (reference runs)."""
-    if _GLOBAL_POOL["threads"] is not None:
-        so.use_per_session_threads = False
-    return so
-
-
-def ensure_global_pool(threads: int) -> None:
-    """Creates the process's global ORT pool with ``threads`` intra-op threads, once; checks the size after."""
-    import onnxruntime as ort
-
-    with _GLOBAL_POOL_LOCK:
-        have = _GLOBAL_POOL["threads"]
-        if have is None:
-            try:
-                # inter-op: 1 (sessions run sequentially, so the inter-op pool is never used)
-                ort.set_global_thread_pool_sizes(int(threads), 1)
-            except Exception as e:  # created by someone else in this process: size unknown
-                raise BackendError(
-                    f"onnxruntime's global thread pool was already created outside collage-ml ({first_line(e)}); "
-                    "pool=shared needs collage-ml to create it"
-                ) from None
-            _GLOBAL_POOL["threads"] = int(threads)
-        elif have != int(threads):
-            raise BackendError(
-                f"this process's shared onnxruntime pool has {have} threads; a pool=shared session cannot use "
-                f"{threads} (the global pool is created once per process)"
-            )
-
-
 def make_session(model_bytes: bytes, threads: int, spin: bool, opt_level: str = "all", providers=None,
                  pool: str = "own"):
     import onnxruntime as ort
 
     if pool == "shared":
         ensure_global_pool(threads)
-    elif _GLOBAL_POOL["threads"] is not None:
+    elif global_pool_threads() is not None:
         raise BackendError(
             "this process uses onnxruntime's global thread pool (a pool=shared configuration ran here), and "
             "onnxruntime then refuses sessions with their own pool: run pool=own configurations in another process"
@@ -207,6 +169,9 @@ class OnnxRuntimeBackend(Backend):
         """Not None when compiling this backend changes process-wide state that other
         configurations cannot live with: measure (and run) each group in its own process."""
         return "onnxruntime-global-pool" if self.pool == "shared" else None
+
+    def check_process_compatible(self, backends: Sequence[Backend]) -> None:
+        check_pool_compatible(backends)
 
     def _probe(self) -> None:
         import onnxruntime  # noqa: F401

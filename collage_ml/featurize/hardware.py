@@ -53,7 +53,7 @@ class HardwareDesc:
     def current(threads: int | None = None) -> "HardwareDesc":
         """This machine, without probes (see :meth:`with_probes`)."""
         from collage_ml.measure.hardware import hardware_info
-        from collage_ml.measure.runner import default_threads
+        from collage_ml.paths import default_threads
 
         t = threads or default_threads()
         return HardwareDesc.from_info(hardware_info(t), t)

@@ -10,6 +10,9 @@ A :class:`SubGraph` is a convex node set of a Graph. Its structural hash covers
 op types, attributes, shapes and dtypes, and the wiring between nodes, but not
 node or tensor names nor the values of weights, so an identical block repeated
 in a model (or across models) hashes the same.
+
+The reference run behind :meth:`Graph.reference` (the whole model on ONNX
+Runtime, every tensor captured) lives in :mod:`collage_ml.ir.reference`.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from collage_ml.errors import ModelError
+from collage_ml.ir.reference import run_reference, seeded_inputs
 
 
 @dataclass(frozen=True)
@@ -244,21 +248,10 @@ class Graph:
             "op_histogram": self.op_histogram(),
         }
 
-    # -- reference activations -------------------------------------------------------
+    # -- reference activations (collage_ml.ir.reference) -------------------------------
     def example_inputs(self, seed: int = 0) -> dict[str, np.ndarray]:
         """Seeded inputs: standard normal for floats, integers in [0, 10) for ints, coin flips for bools."""
-        rng = np.random.default_rng(seed)
-        out = {}
-        for name in self.input_names:
-            t = self.tensors[name]
-            dt = t.dtype
-            if np.issubdtype(dt, np.floating):
-                out[name] = rng.standard_normal(t.shape).astype(dt)
-            elif dt == np.bool_:
-                out[name] = rng.integers(0, 2, t.shape).astype(dt)
-            else:
-                out[name] = rng.integers(0, 10, t.shape).astype(dt)
-        return out
+        return seeded_inputs(self, seed)
 
     def reference(self, inputs: Mapping[str, np.ndarray] | None = None, seed: int = 0) -> dict[str, np.ndarray]:
         """Runs the whole model on onnxruntime and returns every tensor by name.
@@ -269,47 +262,10 @@ class Graph:
         """
         if inputs is None and seed in self._reference_cache:
             return self._reference_cache[seed]
-        feeds = dict(inputs) if inputs is not None else self.example_inputs(seed)
-        unknown = set(feeds) - set(self.input_names)
-        if unknown:
-            raise ModelError(f"unknown input(s) {sorted(unknown)}; the model's inputs are {list(self.input_names)}")
-        absent = [n for n in self.input_names if n not in feeds]
-        if absent:
-            raise ModelError(f"missing input(s) {absent}")
-        wanted = [t for n in self.nodes for t in n.outputs if t]
-        values = run_onnx(self.model, feeds, wanted)
-        result = {**feeds, **values}
+        result = run_reference(self, dict(inputs) if inputs is not None else self.example_inputs(seed))
         if inputs is None:
             self._reference_cache[seed] = result
         return result
-
-
-def run_onnx(
-    model: onnx.ModelProto, feeds: Mapping[str, np.ndarray], outputs: list[str] | None = None
-) -> dict[str, np.ndarray]:
-    """Runs ``model`` on onnxruntime's CPU provider with optimisations off, returning ``outputs``.
-
-    Tensors not among the graph's outputs are exposed as extra outputs.
-    """
-    import onnxruntime as ort
-
-    m = onnx.ModelProto()
-    m.CopyFrom(model)
-    names = outputs if outputs is not None else [o.name for o in m.graph.output]
-    existing = {o.name for o in m.graph.output}
-    for t in names:
-        if t not in existing:
-            m.graph.output.append(onnx.ValueInfoProto(name=t))
-            existing.add(t)
-    from collage_ml.backends.onnxruntime_backend import fit_session_options
-
-    so = ort.SessionOptions()
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    so.log_severity_level = 3
-    fit_session_options(so)  # a process that made ORT's global pool may only make sessions that use it
-    sess = ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"])
-    res = sess.run(names, dict(feeds))
-    return dict(zip(names, res))
 
 
 def _toposort(g: onnx.GraphProto) -> list[onnx.NodeProto]:

@@ -76,9 +76,7 @@ def measure_plan(runner, graph, plan, reference, process: int = 0) -> dict:
     expected = {n: reference[n] for n in graph.output_names}
     task = PlanTask(graph.model.SerializeToString(), plan.to_json(specs=True), feeds, expected, runner.threads,
                     runner.timing, runner.tolerance)
-    from collage_ml.plan import _backend_of
-
-    backends = [_backend_of(p) for p in plan.partitions]
+    backends = [p.resolve_backend() for p in plan.partitions]
     worker = runner.worker_for(backends, process)
     result = worker.run(task, runner.timeout * 4)
     record_plan_timing(runner, graph, plan, backends, result, process)

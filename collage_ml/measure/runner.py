@@ -9,7 +9,8 @@ medians. A crash (segfault, ``os.abort``) or a timeout costs one worker and
 marks that one candidate ``failed`` (a fact about that run: later runs try it
 again, up to ``cost.MAX_ATTEMPTS`` attempts); wrong numbers, an unsupported
 op or a compile error make it ``invalid`` (a fact about the backend). The run
-goes on with a fresh worker.
+goes on with a fresh worker. The worker processes themselves are
+:mod:`.worker`'s.
 
 Candidates are grouped by backend and measured one backend per phase, since
 a runtime's idle threads slow the next runtime's calls (STACK-NOTES.md). Every
@@ -19,11 +20,7 @@ the database for this hardware fingerprint are cache hits and are not run.
 
 from __future__ import annotations
 
-import importlib
 import os
-import signal
-import socket
-import subprocess
 import sys
 import time
 import traceback
@@ -36,9 +33,9 @@ from collage_ml.candidates import Candidate
 from collage_ml.cost import CandidateKey, Measurement
 from collage_ml.errors import BackendError, describe
 from collage_ml.measure.timing import Tolerance, TimingConfig
+from collage_ml.measure.worker import Worker, _worker_main, worker_path  # noqa: F401  (re-exported)
+from collage_ml.paths import default_threads  # collector.py still imports it from here
 
-STARTUP_TIMEOUT = 120.0
-THREAD_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "TVM_NUM_THREADS")
 
 
 @dataclass
@@ -58,11 +55,10 @@ class Task:
 
 
 def build_backend(spec: tuple[str, str, dict]):
-    module, qualname, config = spec
-    obj = importlib.import_module(module)
-    for part in qualname.split("."):
-        obj = getattr(obj, part)
-    return obj(**config)
+    """A backend from its spec, on the channel between a process and its own workers (trusted)."""
+    from collage_ml.backends.base import Backend
+
+    return Backend.from_spec(spec, trusted=True)
 
 
 def execute(task: Task) -> dict:
@@ -114,158 +110,6 @@ def timing_fields(res) -> dict:
     }
 
 
-def _worker_main(fd: int, threads: int) -> None:
-    """The worker's loop: receive a task, send back ``task.execute()``; ``None`` stops it."""
-    from multiprocessing.connection import Connection
-
-    conn = Connection(fd)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C
-    try:
-        import torch
-
-        torch.set_num_threads(threads)
-    except ImportError:  # pragma: no cover
-        pass
-    import collage_ml.ir.importers  # noqa: F401  (warm the imports before the first timed task)
-
-    conn.send("ready")
-    while True:
-        try:
-            task = conn.recv()
-        except (EOFError, KeyboardInterrupt):
-            return
-        if task is None:
-            return
-        conn.send(task.execute())
-
-
-class Worker:
-    """One persistent worker process; restarted after a crash or a timeout.
-
-    The worker is a fresh, isolated interpreter (``python -I``) talking over a
-    socket pair, not a ``multiprocessing`` child: that way it never re-imports
-    the user's ``__main__``, so scripts without an ``if __name__ ==
-    "__main__"`` guard work. Its import path is the interpreter's own plus
-    those entries of the parent's ``sys.path`` that some loaded module came
-    from (:func:`worker_path`), so backends defined in the user's importable
-    modules resolve, while a stray ``numpy.py`` in the working directory is
-    not imported unless the parent imported from that directory too.
-    """
-
-    def __init__(self, threads: int):
-        self.threads = threads
-        self.proc: subprocess.Popen | None = None
-        self.conn = None
-
-    def start(self) -> None:
-        from multiprocessing.connection import Connection
-
-        ours, theirs = socket.socketpair()
-        env = dict(os.environ)
-        for k in THREAD_ENV:
-            env[k] = str(self.threads)
-        env[WORKER_PATH_ENV] = os.pathsep.join(worker_path())
-        try:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-I", "-c", _WORKER_BOOT, str(theirs.fileno()), str(self.threads)],
-                pass_fds=[theirs.fileno()], env=env, stdin=subprocess.DEVNULL,
-            )
-        finally:
-            theirs.close()
-        self.conn = Connection(ours.detach())
-        # wait for the worker's imports, so a task's timeout covers only the task
-        try:
-            ok = self.conn.poll(STARTUP_TIMEOUT) and self.conn.recv() == "ready"
-        except (EOFError, OSError):
-            ok = False
-        if not ok:
-            self.kill()
-            raise RuntimeError(f"measurement worker did not start within {STARTUP_TIMEOUT:g} s")
-
-    def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
-    def run(self, task, timeout: float) -> dict:
-        """Runs ``task.execute()`` in the worker; a crash or timeout gives an invalid result dict."""
-        if not self.alive():
-            self.kill()
-            self.start()
-        try:
-            self.conn.send(task)
-            if not self.conn.poll(timeout):
-                self.kill()
-                return {"valid": False, "failed": True, "error_text": f"timeout: no result after {timeout:g} s"}
-            return self.conn.recv()
-        except (EOFError, BrokenPipeError, ConnectionResetError, OSError):
-            code = None
-            if self.proc is not None:
-                try:
-                    code = self.proc.wait(5)
-                except subprocess.TimeoutExpired:
-                    pass
-            self.kill()
-            return {"valid": False, "failed": True, "error_text": f"worker crashed ({_describe_exit(code)})"}
-
-    def kill(self) -> None:
-        if self.proc is not None:
-            if self.proc.poll() is None:
-                self.proc.kill()
-            try:
-                self.proc.wait(5)
-            except subprocess.TimeoutExpired:  # pragma: no cover
-                pass
-        if self.conn is not None:
-            self.conn.close()
-        self.proc = None
-        self.conn = None
-
-    def stop(self) -> None:
-        if self.alive():
-            try:
-                self.conn.send(None)
-                self.proc.wait(5)
-            except (OSError, BrokenPipeError, subprocess.TimeoutExpired):
-                pass
-        self.kill()
-
-
-WORKER_PATH_ENV = "COLLAGE_ML_WORKER_PATH"
-_WORKER_BOOT = (
-    "import os, sys; sys.path[:0] = [p for p in os.environ.get('COLLAGE_ML_WORKER_PATH', '').split(os.pathsep) if p]; "
-    "from collage_ml.measure.runner import _worker_main; _worker_main(int(sys.argv[1]), int(sys.argv[2]))"
-)
-
-
-def worker_path() -> list[str]:
-    """The entries of ``sys.path`` that some loaded module was imported from, in ``sys.path`` order.
-
-    The worker starts isolated (no working directory, no ``PYTHONPATH``) and gets these in front of its own
-    path, so it imports what the parent imported, from where the parent imported it, and nothing else.
-    """
-    entries = list(dict.fromkeys(os.path.abspath(p or os.curdir) for p in sys.path))
-    used: set[str] = set()
-    for mod in list(sys.modules.values()):
-        f = getattr(mod, "__file__", None)
-        if not isinstance(f, str):
-            continue
-        f = os.path.abspath(f)
-        best = max((e for e in entries if f.startswith(e.rstrip(os.sep) + os.sep)), key=len, default=None)
-        if best is not None:
-            used.add(best)
-    return [e for e in entries if e in used]
-
-
-def _describe_exit(code: int | None) -> str:
-    if code is None:
-        return "exit status unknown"
-    if code < 0:
-        try:
-            return f"killed by {signal.Signals(-code).name}"
-        except ValueError:
-            return f"killed by signal {-code}"
-    return f"exit code {code}"
-
-
 class Runner:
     """Measures candidates and commits each result to ``db`` (optional).
 
@@ -315,7 +159,7 @@ class Runner:
                 w.stop()
 
     def _group(self, backends) -> str | None:
-        groups = {getattr(b, "process_group", None) for b in backends} - {None}
+        groups = {b.process_group for b in backends} - {None}
         if len(groups) > 1:
             raise BackendError(f"backends of process groups {sorted(groups)} cannot run in one process")
         return groups.pop() if groups else None
@@ -505,19 +349,6 @@ def combine_runs(runs: Sequence[dict]) -> dict:
     return out
 
 
-def default_threads() -> int:
-    """Intra-op threads for every backend: ``$COLLAGE_ML_THREADS``, else the physical core count."""
-    env = os.environ.get("COLLAGE_ML_THREADS")
-    if env:
-        return max(1, int(env))
-    try:
-        import psutil
-
-        return max(1, psutil.cpu_count(logical=False) or os.cpu_count() or 1)
-    except ImportError:  # pragma: no cover
-        return max(1, os.cpu_count() or 1)
-
-
 def measure_candidates(
     candidates: Iterable[Candidate], reference: Mapping[str, np.ndarray], db=None, **runner_kwargs
 ) -> list[Measurement]:
@@ -526,5 +357,5 @@ def measure_candidates(
         return r.measure(list(candidates), reference)
 
 
-if __name__ == "__main__":  # a worker started by hand: python -m collage_ml.measure.runner FD THREADS
+if __name__ == "__main__":  # a worker started by hand (the old entry; measure.worker is the new one)
     _worker_main(int(sys.argv[1]), int(sys.argv[2]))

@@ -293,7 +293,7 @@ def default_artifact(kind: str | None = None, threads: int | None = None) -> Pat
     fingerprint when nothing fits.
     """
     from collage_ml.measure.hardware import fingerprint
-    from collage_ml.measure.runner import default_threads
+    from collage_ml.paths import default_threads
 
     t = threads or default_threads()
     fp = fingerprint(t)

@@ -38,7 +38,8 @@ from collage_ml.ir.graph import Graph
 from collage_ml.measure.e2e import measure_plan
 from collage_ml.measure.runner import Runner
 from collage_ml.measure.timing import Tolerance, TimingConfig
-from collage_ml.plan import Plan, PlacedModel
+from collage_ml.placed import PlacedModel
+from collage_ml.plan import Plan
 from collage_ml.search.evolutionary import EvoConfig, GraphLevelSearch
 from collage_ml.search.failures import FailureLog, no_cover_reason, uncovered_nodes
 from collage_ml.search.guided import GuidedConfig

@@ -161,6 +161,7 @@ def main() -> None:
                 "search_seconds": rep["search_seconds"],
                 "measurements": rep["measurements"],
                 "probe_measurements": rep.get("probe_measurements", 0),
+                "probe_seconds": rep.get("probe_seconds", 0.0),
                 "e2e_measurements": rep["e2e_measurements"],
                 "plan_latency_ms": rep["plan_latency_ms"],
                 "chosen": rep["chosen"],

@@ -7,6 +7,7 @@ exists, onnxruntime refuses every session with its own pool in that process
 
 from __future__ import annotations
 
+import math
 import json
 import os
 import random
@@ -39,7 +40,8 @@ from tests.helpers import assert_compiled_matches_reference, chain_model
 
 ROOT = Path(__file__).resolve().parents[1]
 # one process per candidate: these tests are about placement and storage, not the protocol (test_protocol.py)
-FAST = TimingConfig(warmup=1, warmup_seconds=0.0, min_repeats=3, max_repeats=5, time_cap=0.2, processes=1, max_processes=1)
+FAST = TimingConfig(max_pressure=math.inf, contention_retries=0,
+                    warmup=1, warmup_seconds=0.0, min_repeats=3, max_repeats=5, time_cap=0.2, processes=1, max_processes=1)
 HW = "cpu-test-t2-000000000000"
 
 

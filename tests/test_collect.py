@@ -6,6 +6,7 @@ the whole file runs in well under a minute.
 
 from __future__ import annotations
 
+import math
 import argparse
 import json
 import os
@@ -32,7 +33,9 @@ from collage_ml.measure.timing import TimingConfig
 from collage_ml.sampling import convex_hull, sample_masks, sample_subgraphs
 
 # one process per candidate: these tests are about placement and storage, not the protocol (test_protocol.py)
-FAST = TimingConfig(warmup=1, warmup_seconds=0.0, min_repeats=3, max_repeats=10, time_cap=0.2, processes=1, max_processes=1)
+# contention checks off: the load on a CI machine is not what these tests are about
+FAST = TimingConfig(max_pressure=math.inf, contention_retries=0, warmup=1, warmup_seconds=0.0, min_repeats=3,
+                    max_repeats=10, time_cap=0.2, processes=1, max_processes=1)
 MODEL = "dcgan-tiny"
 BACKENDS = "onnxruntime,torch"
 KW = dict(models=MODEL, backends=BACKENDS, max_region_size=2, threads=1, timing=FAST, progress=False)
@@ -136,11 +139,13 @@ def test_shards_partition_the_work_and_merge_to_the_unsharded_db(full, tmp_path)
 
 _CHILD = textwrap.dedent(
     """
+    import math
     import sys
     from collage_ml.collector import collect
     from collage_ml.measure.timing import TimingConfig
     # slow on purpose (every candidate is timed for 0.25 s) so the kill lands mid-run
-    slow = TimingConfig(warmup=1, warmup_seconds=0.0, min_repeats=3, max_repeats=10**6, max_spread=0.0, time_cap=0.25)
+    slow = TimingConfig(max_pressure=math.inf, contention_retries=0, warmup=1, warmup_seconds=0.0, min_repeats=3,
+                        max_repeats=10**6, max_spread=0.0, time_cap=0.25)
     collect(models={model!r}, backends={backends!r}, db=sys.argv[1], max_region_size=2, threads=1,
             timing=slow, progress=False)
     """

@@ -7,6 +7,7 @@ Ray shard merge) carrying them, ``Dataset.from_db`` counting each kind, and ever
 
 from __future__ import annotations
 
+import math
 import json
 import sqlite3
 from pathlib import Path
@@ -22,7 +23,8 @@ from .helpers import chain_model
 
 REPO = Path(__file__).resolve().parents[1]
 HW = "cpu-test-t1-000000000000"
-FAST = TimingConfig(warmup=1, warmup_seconds=0.0, min_repeats=3, max_repeats=10, time_cap=0.05, processes=1,
+FAST = TimingConfig(max_pressure=math.inf, contention_retries=0,
+                    warmup=1, warmup_seconds=0.0, min_repeats=3, max_repeats=10, time_cap=0.05, processes=1,
                     max_processes=1)
 KEY = BoundaryKey("onnxruntime", "1.32.0", "torch", "2.13.0", 4096, "float32[1,1024]")
 

@@ -7,6 +7,7 @@ predicts the table. A real database counts the commits.
 
 from __future__ import annotations
 
+import math
 import json
 from collections import Counter
 from pathlib import Path
@@ -39,7 +40,8 @@ class TableRunner(Runner):
     seconds, None: invalid) instead of worker processes. ``runs`` counts how often each key was run."""
 
     def __init__(self, costs, db=None):
-        super().__init__(db=db, threads=1, timing=TimingConfig(processes=1, max_processes=1))
+        super().__init__(db=db, threads=1, timing=TimingConfig(max_pressure=math.inf, contention_retries=0,
+                                                               processes=1, max_processes=1))
         self.costs = costs
         self.runs: Counter = Counter()
 
@@ -217,12 +219,12 @@ def test_flush_without_feedback_is_none():
 
 # ----------------------------------------------------------------------------- the report
 
-#: the report's JSON keys, in order, as `place --report` has always written them
+#: the report's JSON keys, in order, as `place --report` has always written them (the two probe keys since #16)
 KEYS = ["model", "mode", "hardware", "threads", "backends", "chosen", "plan_latency_ms", "op_level_predicted_ms",
         "op_level_ms", "op_level_plan", "fallback", "import", "invalid_by_backend", "systematic_failures",
         "graph_level_ms", "generations", "e2e_measurements", "baselines_ms", "baselines_e2e_ms", "plans_e2e_ms",
-        "plan_errors", "speedup_vs_best_single", "measurements", "probe_measurements", "predicted_candidates", "pruned", "model_updates",
-        "cost_model", "guided", "baselines_predicted_ms", "cache_hits", "candidates", "distinct_candidates",
+        "plan_errors", "speedup_vs_best_single", "measurements", "probe_measurements", "probe_seconds",
+        "predicted_candidates", "pruned", "model_updates", "cost_model", "guided", "baselines_predicted_ms", "cache_hits", "candidates", "distinct_candidates",
         "dp_states", "dp_limit_hit", "dp_seconds", "search_seconds", "max_abs_error", "outputs_match", "mismatch",
         "partitions"]
 

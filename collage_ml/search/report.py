@@ -43,6 +43,7 @@ class PlaceReport(Mapping):
     speedup_vs_best_single: float | None
     measurements: int  # candidates measured and committed in this run
     probe_measurements: int  # of those, the probe set's, on a machine the database had not seen
+    probe_seconds: float  # wall time of those probe runs (part of search_seconds)
     predicted_candidates: int
     pruned: int
     model_updates: int

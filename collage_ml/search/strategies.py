@@ -79,7 +79,7 @@ class Strategy:
         return None
 
     def report_fields(self, tuner) -> dict[str, Any]:
-        return {"probe_measurements": 0, "predicted_candidates": 0, "pruned": 0, "model_updates": 0,
+        return {"probe_measurements": 0, "probe_seconds": 0.0, "predicted_candidates": 0, "pruned": 0, "model_updates": 0,
                 "cost_model": None, "guided": None}
 
 
@@ -130,6 +130,7 @@ class Guided(Strategy):
         self.cfg = cfg or GuidedConfig()
         self.model = self.source = self.hw = None
         self.probe_measurements = 0
+        self.probe_seconds = 0.0
         self.predicted = 0
         self.result: GuidedResult | None = None
         self.cal = None
@@ -150,12 +151,13 @@ class Guided(Strategy):
 
         runner = tuner.runner
         self.model, self.source, save_to = resolve_cost_model(self.spec, self.db_path, runner.hardware)
-        before = runner.measured
+        before, t0 = runner.measured, time.perf_counter()
         if getattr(self.model, "uses_probes", True) and backends:
             self.hw = calibrated(runner, backends, progress=self.progress, say=tuner.say)
         else:
             self.hw = HardwareDesc.current(runner.threads)
         self.probe_measurements = runner.measured - before
+        self.probe_seconds = time.perf_counter() - t0 if self.probe_measurements else 0.0
         tuner.feedback = Feedback(self.model, save_to, self.hw)
         self._tuner = tuner
 
@@ -288,13 +290,15 @@ class Guided(Strategy):
     def report_fields(self, tuner) -> dict[str, Any]:
         r = self.result
         if r is None:  # never reached the guided loop (a node no backend supports)
-            return {"probe_measurements": self.probe_measurements, "predicted_candidates": 0, "pruned": 0,
+            return {"probe_measurements": self.probe_measurements, "probe_seconds": self.probe_seconds,
+                    "predicted_candidates": 0, "pruned": 0,
                     "model_updates": 0, "cost_model": None,
                     "guided": {"rounds": 0, "new_measurements": 0, "fell_back_to_exhaustive": False,
                                "budget_hit": False}}
         cfg_keys = ("k", "z", "optimism", "prior_spread", "min_calibration", "min_tau", "measure_budget")
         return {
             "probe_measurements": self.probe_measurements,
+            "probe_seconds": self.probe_seconds,
             "predicted_candidates": self.predicted,
             "pruned": r.pruned,
             "model_updates": tuner.feedback.updates,

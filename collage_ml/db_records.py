@@ -283,16 +283,9 @@ class RecordTables:
         """Stored boundary costs, filtered by whichever arguments are given (default: the valid ones).
 
         A read-only open of a file whose old boundary rows were never moved reads them here too."""
-        conds, args = [], []
-        for col, v in (("hardware", hardware), ("protocol", protocol)):
-            if v is not None:
-                conds.append(f"{col} = ?")
-                args.append(v)
-        if valid is not None:
-            conds.append("valid = ?")
-            args.append(int(bool(valid)))
+        where, args = _filter((("hardware", hardware), ("protocol", protocol)), valid)
         rows = self._records_read(
-            f"SELECT {', '.join(BOUNDARY_COLUMNS)} FROM boundaries WHERE {' AND '.join(conds) or '1'} "
+            f"SELECT {', '.join(BOUNDARY_COLUMNS)} FROM boundaries WHERE {where} "
             "ORDER BY hardware, first, second, nbytes", args, "boundaries")
         out = [boundary_from_row(r) for r in rows]
         if self._legacy_boundaries():
@@ -320,16 +313,9 @@ class RecordTables:
     def plan_timings(self, hardware: str | None = None, graph_hash: str | None = None, protocol: str | None = None,
                      valid: bool | None = None) -> list[PlanTiming]:
         """Stored plan timings (oldest first), filtered by whichever arguments are given."""
-        conds, args = [], []
-        for col, v in (("hardware", hardware), ("graph_hash", graph_hash), ("protocol", protocol)):
-            if v is not None:
-                conds.append(f"{col} = ?")
-                args.append(v)
-        if valid is not None:
-            conds.append("valid = ?")
-            args.append(int(bool(valid)))
+        where, args = _filter((("hardware", hardware), ("graph_hash", graph_hash), ("protocol", protocol)), valid)
         rows = self._records_read(
-            f"SELECT {', '.join(PLAN_COLUMNS)} FROM plan_timings WHERE {' AND '.join(conds) or '1'} "
+            f"SELECT {', '.join(PLAN_COLUMNS)} FROM plan_timings WHERE {where} "
             "ORDER BY timestamp, plan_hash", args, "plan_timings")
         return [plan_from_row(r) for r in rows]
 
@@ -340,16 +326,9 @@ class RecordTables:
         """``{"boundaries": n, "plan_timings": n}``, filtered like :meth:`boundaries` and :meth:`plan_timings`."""
         keep = None if protocols is None else set(protocols)
         bs = [b for b in self.boundaries(hardware=hardware, valid=valid) if keep is None or b.protocol in keep]
-        conds, args = [], []
-        if hardware is not None:
-            conds.append("hardware = ?")
-            args.append(hardware)
-        if valid is not None:
-            conds.append("valid = ?")
-            args.append(int(bool(valid)))
+        where, args = _filter((("hardware", hardware),), valid)
         rows = self._records_read(
-            f"SELECT protocol, COUNT(*) FROM plan_timings WHERE {' AND '.join(conds) or '1'} GROUP BY protocol",
-            args, "record_counts")
+            f"SELECT protocol, COUNT(*) FROM plan_timings WHERE {where} GROUP BY protocol", args, "record_counts")
         return {"boundaries": len(bs), "plan_timings": sum(n for p, n in rows if keep is None or p in keep)}
 
     # -- old boundary rows (filled in by Database)
@@ -359,3 +338,16 @@ class RecordTables:
 
     def _legacy_boundary_records(self) -> list[BoundaryCost]:  # pragma: no cover - Database overrides it
         return []
+
+
+def _filter(columns: Iterable[tuple[str, Any]], valid: bool | None) -> tuple[str, list[Any]]:
+    """A WHERE clause and its arguments: ``column = value`` for each value given, and ``valid`` when given."""
+    conds, args = [], []
+    for col, v in columns:
+        if v is not None:
+            conds.append(f"{col} = ?")
+            args.append(v)
+    if valid is not None:
+        conds.append("valid = ?")
+        args.append(int(bool(valid)))
+    return " AND ".join(conds) or "1", args

@@ -88,9 +88,6 @@ class HardwareDesc:
         """cores, threads, GPU, then one 0/1 per :data:`ISA_FLAGS`."""
         return [float(self.cores), float(self.threads), float(self.gpu), *(float(f in self.isa) for f in ISA_FLAGS)]
 
-    def vector(self) -> list[float]:
-        return self.static_vector()
-
     def describe(self) -> str:
         isa = ",".join(self.isa) or "no listed ISA extensions"
         cal = f"probes for {', '.join(b for b, _ in self.probes)}" if self.probes else "no probes"

@@ -105,7 +105,8 @@ def test_save_load_round_trip(fitted, tmp_path):
     assert meta["members"] == PARAMS["n_members"]
     assert meta["params"]["n_estimators"] == PARAMS["n_estimators"]
     files = {p.name for p in d.iterdir()}
-    assert files == {"meta.json"} | {f"member-{i}.json" for i in range(PARAMS["n_members"])}
+    assert files == {"meta.json", "ranker.json"} | {f"member-{i}.json" for i in range(PARAMS["n_members"])}
+    assert meta["ranker"] is True
     for i in range(PARAMS["n_members"]):
         assert "learner" in json.loads((d / f"member-{i}.json").read_text())  # XGBoost's JSON model
 
@@ -147,6 +148,68 @@ def test_refuses_damaged_artifacts(fitted, tmp_path):
     (d / "member-1.json").unlink()
     with pytest.raises(ArtifactError, match="member-1.json"):
         load_model(d)
+
+    d = shutil.copytree(src, tmp_path / "no-ranker")
+    (d / "ranker.json").unlink()
+    with pytest.raises(ArtifactError, match="ranker.json"):
+        load_model(d)
+
+
+def _backend_order_accuracy(pred: np.ndarray, data: Dataset) -> float:
+    """Share of backend pairs of one subgraph that ``pred`` orders as the true latency does."""
+    by: dict[str, list[int]] = {}
+    for i, s in enumerate(data.samples):
+        by.setdefault(s.info.hash, []).append(i)
+    y, good, total = data.y(), 0, 0
+    for idx in by.values():
+        for a in range(len(idx)):
+            for b in range(a + 1, len(idx)):
+                i, j = idx[a], idx[b]
+                total += 1
+                good += (pred[i] < pred[j]) == (y[i] < y[j])
+    return good / total
+
+
+def test_ranker_reorders_backends_and_keeps_the_levels(fitted):
+    """Within one subgraph the ranker only permutes the regressors' values: the DP's sums keep their level,
+    and the order is the ranker's, which knows the synthetic machine's backend order."""
+    model, _, test = fitted
+    assert model.ranker is not None
+    with_ranker = model.predict_members(test.samples)
+    ranker, model.ranker = model.ranker, None
+    try:
+        plain = model.predict_members(test.samples)
+    finally:
+        model.ranker = ranker
+    by: dict[str, list[int]] = {}
+    for i, s in enumerate(test.samples):
+        by.setdefault(s.info.hash, []).append(i)
+    groups = [np.array(v) for v in by.values() if len(v) == len(BACKENDS)]
+    assert len(groups) > 100
+    X = model._features(test.samples)
+    score = ranker.inplace_predict(X)
+    w = model.params["ranker_weight"]
+    moved = 0
+    for idx in groups:
+        np.testing.assert_array_equal(np.sort(with_ranker[:, idx], axis=1), np.sort(plain[:, idx], axis=1))
+        for m in range(plain.shape[0]):
+            fastest = idx[np.argmin(plain[m, idx] - w * score[idx])]
+            assert with_ranker[m, fastest] == with_ranker[m, idx].min()
+        moved += not np.array_equal(with_ranker[:, idx], plain[:, idx])
+    assert moved > 0  # the ranker changed some order: the test would notice it doing nothing
+    assert _backend_order_accuracy(score * -1.0, test) > 0.85
+    # a lone sample has no group: the regressors' value stands
+    np.testing.assert_array_equal(model.predict_members(test.samples[:1]), plain[:, :1])
+
+
+def test_ranker_off_and_updated(convnets):
+    train, _ = convnets.random_split(0.3, seed=2)
+    off = XGBCostModel(**PARAMS, ranker=False).fit(train)
+    assert off.ranker is None
+    on = XGBCostModel(**PARAMS, retrain_fraction=10.0).fit(train)
+    rounds = on.ranker.num_boosted_rounds()
+    on.update(Dataset(train.samples[:90]))  # 30 subgraphs on every backend: groups to learn from
+    assert on.ranker.num_boosted_rounds() == rounds + PARAMS["update_rounds"]
 
 
 def test_update_learns_a_new_family(convnets, transformers):

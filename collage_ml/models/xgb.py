@@ -54,6 +54,25 @@ Targets (``target``)
     (``meta["margin_fallback"]``), and the trees tell them apart by the
     missing probe columns.
 
+Backend order (``ranker``)
+    Next to the regressors, one booster learns XGBoost's ``rank:pairwise``
+    objective within "same subgraph, which backend" groups (one query id per
+    subgraph and machine measured on two or more backends; grade = rank by
+    speed). At prediction, the samples of one call that share a subgraph and a
+    machine keep the values each regressor gave them, reassigned in the order
+    of ``log latency - ranker_weight x ranker score``: the regressors set the
+    level the DP sums, and the ranker moves a backend ahead where it is sure
+    (its score gaps are log-odds; where it cannot tell two backends apart, the
+    regressors' order stands). ``benchmarks/target_study.py`` (one member,
+    Zen 5 family 26 model 2, 2026-12-01): weight 0.1 raised backend pairwise
+    accuracy on every protocol (leave-one-family-out on cpu-2core-zen5
+    0.828 -> 0.834; each machine held out: Zen 5 t2 0.790 -> 0.807, Zen 5 t1
+    0.862 -> 0.880, Zen 4 t2 0.724 -> 0.734, Zen 4 t1 0.848 -> 0.854), with
+    backend regret within half a point either way; the ranker's order alone
+    (a large weight) lost on the Zen 4 at 1 thread, which has no probes.
+    ``ranker=False`` turns it off; artifacts saved without one predict with
+    the regressors alone.
+
 Artifact: ``member-<i>.json`` per booster (XGBoost's JSON model format; nothing
 is pickled) next to the shared ``meta.json``. Loading refuses an artifact whose
 feature names differ from :data:`~collage_ml.featurize.flat.FEATURES`.
@@ -101,6 +120,8 @@ DEFAULTS: dict[str, Any] = {
     "min_std": 0.01,
     "n_jobs": 1,
     "target": "log",
+    "ranker": True,
+    "ranker_weight": 0.1,
 }
 TARGETS = ("log", "roofline")
 
@@ -123,6 +144,7 @@ class XGBCostModel(CostModel):
         self._train: Dataset | None = None  # kept training data (None after load)
         self._n_fit = 0  # size of the last full fit
         self._pending = 0  # samples added since the last full fit
+        self.ranker: xgb.Booster | None = None
 
     # -- training ---------------------------------------------------------------------------
     def _booster_params(self, member: int) -> dict[str, Any]:
@@ -176,6 +198,59 @@ class XGBCostModel(CostModel):
         counts = np.bincount(rng.integers(0, len(groups), size=len(groups)), minlength=len(groups))
         return counts[idx].astype(np.float32)
 
+    @staticmethod
+    def _group_keys(samples: Sequence[Sample]) -> list[tuple[str, str]]:
+        """The "same subgraph, which backend" group of each sample: (machine, subgraph hash)."""
+        return [(s.hardware, s.info.hash) for s in samples]
+
+    def _rank_matrix(self, X: np.ndarray, samples: Sequence[Sample], y: np.ndarray) -> xgb.DMatrix | None:
+        """Rows of subgraphs measured on two or more backends, sorted by query id, graded by speed (fastest
+        highest); None when there is no such group."""
+        ids: dict[tuple[str, str], int] = {}
+        qid = np.array([ids.setdefault(k, len(ids)) for k in self._group_keys(samples)], dtype=np.int64)
+        if not len(qid):
+            return None
+        many = np.bincount(qid)[qid] >= 2
+        if not many.any():
+            return None
+        rows = np.where(many)[0]
+        rows = rows[np.argsort(qid[rows], kind="stable")]
+        q, yy = qid[rows], y[rows]
+        grade = np.zeros(len(rows), np.float32)
+        starts = np.flatnonzero(np.r_[True, q[1:] != q[:-1]])
+        for a, b in zip(starts, np.r_[starts[1:], len(q)]):
+            grade[a:b] = np.argsort(np.argsort(-yy[a:b]))  # slowest 0, fastest k-1
+        return xgb.DMatrix(X[rows], label=grade, qid=q, feature_names=list(FEATURES), nthread=int(self.params["n_jobs"]))
+
+    def _fit_ranker(self, X: np.ndarray, samples: Sequence[Sample], y: np.ndarray, rounds: int,
+                    start: xgb.Booster | None = None) -> xgb.Booster | None:
+        if not self.params["ranker"]:
+            return None
+        d = self._rank_matrix(X, samples, y)
+        if d is None:
+            return start
+        params = {**self._booster_params(0), "objective": "rank:pairwise"}
+        return xgb.train(params, d, num_boost_round=rounds, xgb_model=start)
+
+    def _apply_ranker(self, P: np.ndarray, samples: Sequence[Sample], X: np.ndarray) -> np.ndarray:
+        """Each member's values within a group, reassigned in the ranker's order (module docstring)."""
+        if self.ranker is None or len(samples) < 2:
+            return P
+        groups: dict[tuple[str, str], list[int]] = {}
+        for i, k in enumerate(self._group_keys(samples)):
+            groups.setdefault(k, []).append(i)
+        groups = {k: v for k, v in groups.items() if len(v) > 1}
+        if not groups:
+            return P
+        score = float(self.params["ranker_weight"]) * self.ranker.inplace_predict(X).astype(np.float64)
+        out = P.copy()
+        for idx in groups.values():
+            idx = np.asarray(idx)
+            for m in range(P.shape[0]):
+                fastest_first = idx[np.argsort(P[m, idx] - score[idx], kind="stable")]
+                out[m, fastest_first] = np.sort(P[m, idx])
+        return out
+
     def fit(self, data: Dataset) -> "XGBCostModel":
         self._record_fit(data)
         self._fit_all(Dataset(list(data.samples)))
@@ -198,6 +273,7 @@ class XGBCostModel(CostModel):
                 r = b.inplace_predict(X[out], base_margin=None if margin is None else margin[out]) - y[out]
                 oob.append(float(np.sqrt(np.mean(r**2))))
         self.members = members
+        self.ranker = self._fit_ranker(X, data.samples, y, int(self.params["n_estimators"]))
         self._train = data
         self._n_fit = len(data)
         self._pending = 0
@@ -241,6 +317,7 @@ class XGBCostModel(CostModel):
             d = self._dmatrix(X, y, w)
             members.append(xgb.train(self._booster_params(i), d, num_boost_round=rounds, xgb_model=b))
         self.members = members
+        self.ranker = self._fit_ranker(X, mix, y, rounds, start=self.ranker)
         self._record_update(n)
         return {"mode": "continue", "n": n, "replay": n_replay, "rounds": rounds}
 
@@ -253,7 +330,8 @@ class XGBCostModel(CostModel):
             return np.zeros((len(self.members), 0))
         X = self._features(samples)
         margin = self._margin(X)
-        return np.stack([b.inplace_predict(X, base_margin=margin) for b in self.members]).astype(np.float64)
+        P = np.stack([b.inplace_predict(X, base_margin=margin) for b in self.members]).astype(np.float64)
+        return self._apply_ranker(P, samples, X)
 
     def predict_log(self, samples: Sequence[Sample]) -> tuple[np.ndarray, np.ndarray]:
         """Members' mean, and sqrt(members' variance + noise_std**2) (see the module docstring)."""
@@ -269,11 +347,14 @@ class XGBCostModel(CostModel):
     def _save_payload(self, directory: Path) -> dict[str, Any]:
         if not self.members:
             raise RuntimeError("cannot save an unfitted XGBCostModel")
-        for f in directory.glob("member-*.json"):
-            f.unlink()
+        for f in [*directory.glob("member-*.json"), directory / "ranker.json"]:
+            if f.is_file():
+                f.unlink()
         for i, b in enumerate(self.members):
             b.save_model(str(directory / f"member-{i}.json"))
-        return {"members": len(self.members), "feature_names": list(FEATURES)}
+        if self.ranker is not None:
+            self.ranker.save_model(str(directory / "ranker.json"))
+        return {"members": len(self.members), "feature_names": list(FEATURES), "ranker": self.ranker is not None}
 
     def _load_payload(self, directory: Path, meta: dict[str, Any]) -> None:
         names = meta.get("feature_names")
@@ -297,6 +378,13 @@ class XGBCostModel(CostModel):
             b.set_param({"nthread": int(self.params["n_jobs"])})
             members.append(b)
         self.members = members
+        self.ranker = None
+        if meta.get("ranker"):
+            if not (directory / "ranker.json").is_file():
+                raise ArtifactError(f"cost model {directory} is incomplete: missing ranker.json")
+            self.ranker = xgb.Booster()
+            self.ranker.load_model(str(directory / "ranker.json"))
+            self.ranker.set_param({"nthread": int(self.params["n_jobs"])})
         self._train = None
         self._n_fit = 0
         self._pending = 0

@@ -43,7 +43,7 @@ file for writing migrates it in one transaction (every row kept, with protocol
 read-only reads it as if migrated, without writing.
 
 - ``boundaries`` and ``plan_timings``: boundary (hand-off) costs per ordered backend pair and tensor size, and
-  every plan judged end to end, keyed by plan hash: records of their own kinds (``db_records`` keeps them).
+  every plan judged end to end, keyed by plan hash: records of their own kinds (``db.records`` keeps them).
   They were added without a schema bump (the tables are additive). The boundary rows older versions stored
   among the measurements (subgraph hash ``boundary:<nbytes>``, no ONNX) are moved into ``boundaries`` by a
   writable open, and read as boundaries (never as measurements) by a read-only one.
@@ -63,7 +63,7 @@ from pathlib import Path
 from typing import Any, Callable, TypeVar
 
 from collage_ml.cost import MAX_ATTEMPTS, PROTOCOL, CandidateKey, Measurement
-from collage_ml.db_records import (
+from collage_ml.db.records import (
     LEGACY_RANGE,
     TABLES as RECORD_TABLES,
     RecordTables,
@@ -325,7 +325,7 @@ class Database(RecordTables):
 
     It may be shared between threads; each process opens its own.
 
-    Boundary costs and plan timings have their own methods (:class:`~collage_ml.db_records.RecordTables`).
+    Boundary costs and plan timings have their own methods (:class:`~collage_ml.db.records.RecordTables`).
     ``legacy_boundaries_moved`` counts the old boundary rows this open moved out of the measurements.
     """
 

@@ -18,7 +18,7 @@ from collage_ml.db.rows import (
     measurement_row,
     onnx_summary,
 )
-from collage_ml.db.sql import to_json
+from collage_ml.db.sql import key_where, overwrite, replace_failed, to_json, where_clause
 from collage_ml.measure.records import boundary_from_legacy
 
 _PAGE = 1000  # rows per query when streaming measurements
@@ -92,38 +92,38 @@ class MeasurementTables:
     def _replace_failed(c: sqlite3.Connection, row: tuple) -> bool:
         """Inside a transaction: ``row``'s key exists; replace it if that row is not settled. True if it changed.
 
-        A ``failed`` row gives way to any later result (a later failure adds one to its attempts). A valid row
-        timed under contention (``extra.contended``) with attempts left gives way to a later valid one only;
-        the replaced timing is kept in the new row's ``extra["earlier"]``, so nothing measured is lost. A
-        later failure of a contended row only counts the attempt."""
+        A ``failed`` row gives way to any later result (a later failure adds one to its attempts), as a failed
+        boundary cost does (:func:`~collage_ml.db.sql.replace_failed`). A valid row timed under contention
+        (``extra.contended``) with attempts left gives way to a later valid one only; the replaced timing is
+        kept in the new row's ``extra["earlier"]``, so nothing measured is lost. A later failure of a contended
+        row only counts the attempt."""
+        if replace_failed(c, "measurements", MEASUREMENT_COLUMNS, KEY_COLUMNS, row):
+            return True
         cols = dict(zip(MEASUREMENT_COLUMNS, row))
-        where = " AND ".join(f"{k} = ?" for k in KEY_COLUMNS)
+        where = key_where(KEY_COLUMNS)
         key = [cols[k] for k in KEY_COLUMNS]
         old = c.execute(f"SELECT attempts, status, extra, median, timestamp FROM measurements WHERE {where}",
                         key).fetchone()
         if old is None:
             return False
         attempts, status, extra_text, median, ts = old
-        if status != "failed":
-            try:
-                extra = json.loads(extra_text or "{}")
-            except ValueError:
-                return False
-            if status != "valid" or not extra.get("contended") or int(attempts) >= MAX_ATTEMPTS:
-                return False
-            if cols["status"] != "valid":  # a failure after a contended timing: count it, keep the timing
-                return c.execute(f"UPDATE measurements SET attempts = ? WHERE {where}",
-                                 (int(attempts) + 1, *key)).rowcount == 1
-            new_extra = json.loads(cols["extra"] or "{}")
-            earlier = list(extra.get("earlier", []))
-            earlier.append({"median": median, "timestamp": ts, "cpu_pressure": extra.get("cpu_pressure"),
-                            "contended": True})
-            new_extra["earlier"] = earlier
-            cols["extra"] = to_json(new_extra)
+        try:
+            extra = json.loads(extra_text or "{}")
+        except ValueError:
+            return False
+        if status != "valid" or not extra.get("contended") or int(attempts) >= MAX_ATTEMPTS:
+            return False
+        if cols["status"] != "valid":  # a failure after a contended timing: count it, keep the timing
+            return c.execute(f"UPDATE measurements SET attempts = ? WHERE {where}",
+                             (int(attempts) + 1, *key)).rowcount == 1
+        new_extra = json.loads(cols["extra"] or "{}")
+        earlier = list(extra.get("earlier", []))
+        earlier.append({"median": median, "timestamp": ts, "cpu_pressure": extra.get("cpu_pressure"),
+                        "contended": True})
+        new_extra["earlier"] = earlier
+        cols["extra"] = to_json(new_extra)
         cols["attempts"] = int(attempts) + 1
-        sets = ", ".join(f"{k} = ?" for k in MEASUREMENT_COLUMNS if k not in KEY_COLUMNS)
-        vals = [cols[k] for k in MEASUREMENT_COLUMNS if k not in KEY_COLUMNS]
-        return c.execute(f"UPDATE measurements SET {sets} WHERE {where}", (*vals, *key)).rowcount == 1
+        return overwrite(c, "measurements", MEASUREMENT_COLUMNS, KEY_COLUMNS, cols)
 
     def commit_many(self, ms: Iterable[Measurement]) -> int:
         """Commit many measurements in one transaction (all or none). Returns how many were new.
@@ -198,18 +198,10 @@ class MeasurementTables:
         self, hardware: str | None, backend: str | None, valid: bool | None, family: str | None,
         protocol: str | None = None, status: str | None = None,
     ) -> tuple[str, list]:
-        conds, args = [], []
-        for col, val in (("hardware", hardware), ("backend", backend), ("family", family), ("protocol", protocol),
-                         ("status", status)):
-            if val is not None:
-                conds.append(f"{self._col(col)} = ?")
-                args.append(val)
-        if valid is not None:
-            conds.append("valid = ?")
-            args.append(int(bool(valid)))
-        if self._legacy:  # old boundary rows are boundary costs, not measurements
-            conds.append(f"NOT {LEGACY_RANGE}")
-        return (" AND ".join(conds) or "1"), args
+        columns = (("hardware", hardware), ("backend", backend), ("family", family), ("protocol", protocol),
+                   ("status", status))
+        also = [f"NOT {LEGACY_RANGE}"] if self._legacy else []  # old boundary rows are boundary costs
+        return where_clause(((self._col(col), val) for col, val in columns), valid, also)
 
     def measurements(
         self,

@@ -9,7 +9,7 @@ from pathlib import Path
 from collage_ml.db.records import LEGACY_RANGE, boundary_row, put_boundary, put_plan
 from collage_ml.db.rows import COLS, KEY_COLUMNS, MEASUREMENT_COLUMNS
 from collage_ml.db.schema import V1_EXPR
-from collage_ml.db.sql import file_uri
+from collage_ml.db.sql import file_uri, key_where
 
 
 class Merge:
@@ -74,7 +74,7 @@ class Merge:
                     ).fetchall()
                     if failed:
                         sel = f"SELECT {other_cols} FROM other.measurements"
-                        cond = " AND ".join(f"{k} = ?" for k in KEY_COLUMNS)
+                        cond = key_where(KEY_COLUMNS)
                         for key in failed:
                             row = c.execute(f"SELECT * FROM ({sel}) WHERE {cond} AND status != 'failed'", key).fetchone()
                             if row is not None:

@@ -6,7 +6,7 @@ import sqlite3
 import time
 from typing import Any
 
-from collage_ml.db.sql import opt_float
+from collage_ml.db.sql import no_table, opt_float
 
 
 class ProbeTable:
@@ -38,7 +38,7 @@ class ProbeTable:
                     (hardware, backend, backend_version, protocol, int(probe_set)),
                 ).fetchall()
             except sqlite3.OperationalError as e:  # a schema-1 file read-only: it has no probes
-                if "no such table" in str(e):
+                if no_table(e):
                     return {}
                 raise
             return dict(rows)
@@ -57,7 +57,7 @@ class ProbeTable:
                     (hardware, int(probe_set)),
                 ).fetchall()
             except sqlite3.OperationalError as e:
-                if "no such table" in str(e):
+                if no_table(e):
                     return []
                 raise
 

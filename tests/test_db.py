@@ -197,7 +197,7 @@ def test_measurements_filters_and_stats(db):
 
 
 def test_measurements_streams_pages_and_tolerates_commits(db, monkeypatch):
-    monkeypatch.setattr("collage_ml.db._PAGE", 7)
+    monkeypatch.setattr("collage_ml.db.measurements._PAGE", 7)
     db.commit_many([valid_m(h=f"p{i:03d}") for i in range(30)])
     seen = []
     for m in db.measurements():

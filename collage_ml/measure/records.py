@@ -3,7 +3,7 @@
 A candidate :class:`~collage_ml.cost.Measurement` is keyed by what was measured:
 a subgraph on a backend. These two records are not candidates, so they are not
 stored as fake candidate keys; each has its own key and its own table
-(``db_records``):
+(``db.records``):
 
 - :class:`BoundaryCost`: what handing a tensor from one backend to the next
   costs, keyed by the ordered backend pair (names and versions), the tensor's

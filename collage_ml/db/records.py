@@ -36,6 +36,7 @@ import sqlite3
 from typing import Any, Iterable
 
 from collage_ml.cost import PROTOCOL
+from collage_ml.db.sql import key_where, no_table, opt_float, replace_failed, to_json, where_clause
 from collage_ml.measure.records import (
     LEGACY_BOUNDARY_PREFIX,
     BoundaryCost,
@@ -103,14 +104,6 @@ CREATE TABLE IF NOT EXISTS plan_timings (
 TABLES = ("boundaries", "plan_timings")
 
 
-def _json(o: Any) -> str:
-    return json.dumps(o, sort_keys=True, default=repr)
-
-
-def _no_table(e: sqlite3.OperationalError) -> bool:
-    return "no such table" in str(e)
-
-
 # ----------------------------------------------------------------------------- rows
 
 
@@ -124,9 +117,9 @@ def boundary_row(b: BoundaryCost) -> tuple:
     return (
         b.hardware, k.first, str(k.first_version), k.second, str(k.second_version), int(k.nbytes), str(k.tensor),
         str(b.protocol), int(bool(b.valid)), b.status, max(1, int(b.attempts)),
-        None if b.median is None else float(b.median), None if b.spread is None else float(b.spread),
-        _json([float(s) for s in b.samples]), None if b.threads is None else int(b.threads), _json(dict(b.versions)),
-        str(b.error_text or ""), _json(dict(b.extra)), float(b.timestamp),
+        opt_float(b.median), opt_float(b.spread), to_json([float(s) for s in b.samples]),
+        None if b.threads is None else int(b.threads), to_json(dict(b.versions)), str(b.error_text or ""),
+        to_json(dict(b.extra)), float(b.timestamp),
     )
 
 
@@ -149,8 +142,8 @@ def plan_row(p: PlanTiming, updated: float | None = None) -> tuple:
     last = max([float(r.get("timestamp", p.timestamp)) for r in p.runs] or [float(p.timestamp)])
     return (
         p.plan_hash, p.hardware, p.protocol, str(p.graph_hash), str(p.model), int(p.valid), p.median, len(p.runs),
-        _json(list(p.runs)), _json(dict(p.plan)), _json(dict(p.summary)), int(p.threads), _json(dict(p.versions)),
-        float(p.timestamp), last if updated is None else updated,
+        to_json(list(p.runs)), to_json(dict(p.plan)), to_json(dict(p.summary)), int(p.threads),
+        to_json(dict(p.versions)), float(p.timestamp), last if updated is None else updated,
     )
 
 
@@ -161,7 +154,7 @@ def plan_from_row(r: tuple) -> PlanTiming:
 
 
 def _run_id(run: dict) -> str:
-    return _json({k: run.get(k) for k in ("timestamp", "process", "status", "median", "samples")})
+    return to_json({k: run.get(k) for k in ("timestamp", "process", "status", "median", "samples")})
 
 
 # ----------------------------------------------------------------------------- writes inside a transaction
@@ -175,16 +168,7 @@ def put_boundary(c: sqlite3.Connection, row: tuple, prefix: str = "") -> bool:
     marks = ", ".join("?" * len(BOUNDARY_COLUMNS))
     if c.execute(f"INSERT OR IGNORE INTO {prefix}boundaries ({cols}) VALUES ({marks})", row).rowcount == 1:
         return True
-    d = dict(zip(BOUNDARY_COLUMNS, row))
-    where = " AND ".join(f"{k} = ?" for k in BOUNDARY_KEY)
-    key = [d[k] for k in BOUNDARY_KEY]
-    old = c.execute(f"SELECT attempts FROM {prefix}boundaries WHERE {where} AND status = 'failed'", key).fetchone()
-    if old is None:
-        return False
-    d["attempts"] = int(old[0]) + 1
-    rest = [k for k in BOUNDARY_COLUMNS if k not in BOUNDARY_KEY]
-    sets = ", ".join(f"{k} = ?" for k in rest)
-    return c.execute(f"UPDATE {prefix}boundaries SET {sets} WHERE {where}", (*[d[k] for k in rest], *key)).rowcount == 1
+    return replace_failed(c, f"{prefix}boundaries", BOUNDARY_COLUMNS, BOUNDARY_KEY, row)
 
 
 def put_plan(c: sqlite3.Connection, p: PlanTiming, prefix: str = "") -> int:
@@ -221,7 +205,7 @@ def move_legacy_boundaries(c: sqlite3.Connection, legacy_rows: list[tuple[int, A
     that parses is stored in ``boundaries`` (unless its key holds a settled one already), checked there, and
     deleted from ``measurements``. Returns how many were moved."""
     moved = 0
-    where = " AND ".join(f"{k} = ?" for k in BOUNDARY_KEY)
+    where = key_where(BOUNDARY_KEY)
     for row_id, m in legacy_rows:
         b = boundary_from_legacy(m)
         if b is None:
@@ -250,7 +234,7 @@ class RecordTables:
             try:
                 return c.execute(sql, tuple(args)).fetchall()
             except sqlite3.OperationalError as e:
-                if _no_table(e):
+                if no_table(e):
                     return []
                 raise
 
@@ -265,7 +249,7 @@ class RecordTables:
 
     def get_boundary(self, key: BoundaryKey, hardware: str, protocol: str | None = None) -> BoundaryCost | None:
         """The boundary cost of ``key`` on ``hardware`` under ``protocol`` (default: the current one), or None."""
-        where = " AND ".join(f"{k} = ?" for k in BOUNDARY_KEY)
+        where = key_where(BOUNDARY_KEY)
         rows = self._records_read(
             f"SELECT {', '.join(BOUNDARY_COLUMNS)} FROM boundaries WHERE {where}",
             (hardware, key.first, key.first_version, key.second, key.second_version, int(key.nbytes), key.tensor,
@@ -283,7 +267,7 @@ class RecordTables:
         """Stored boundary costs, filtered by whichever arguments are given (default: the valid ones).
 
         A read-only open of a file whose old boundary rows were never moved reads them here too."""
-        where, args = _filter((("hardware", hardware), ("protocol", protocol)), valid)
+        where, args = where_clause((("hardware", hardware), ("protocol", protocol)), valid)
         rows = self._records_read(
             f"SELECT {', '.join(BOUNDARY_COLUMNS)} FROM boundaries WHERE {where} "
             "ORDER BY hardware, first, second, nbytes", args, "boundaries")
@@ -313,7 +297,7 @@ class RecordTables:
     def plan_timings(self, hardware: str | None = None, graph_hash: str | None = None, protocol: str | None = None,
                      valid: bool | None = None) -> list[PlanTiming]:
         """Stored plan timings (oldest first), filtered by whichever arguments are given."""
-        where, args = _filter((("hardware", hardware), ("graph_hash", graph_hash), ("protocol", protocol)), valid)
+        where, args = where_clause((("hardware", hardware), ("graph_hash", graph_hash), ("protocol", protocol)), valid)
         rows = self._records_read(
             f"SELECT {', '.join(PLAN_COLUMNS)} FROM plan_timings WHERE {where} "
             "ORDER BY timestamp, plan_hash", args, "plan_timings")
@@ -326,7 +310,7 @@ class RecordTables:
         """``{"boundaries": n, "plan_timings": n}``, filtered like :meth:`boundaries` and :meth:`plan_timings`."""
         keep = None if protocols is None else set(protocols)
         bs = [b for b in self.boundaries(hardware=hardware, valid=valid) if keep is None or b.protocol in keep]
-        where, args = _filter((("hardware", hardware),), valid)
+        where, args = where_clause((("hardware", hardware),), valid)
         rows = self._records_read(
             f"SELECT protocol, COUNT(*) FROM plan_timings WHERE {where} GROUP BY protocol", args, "record_counts")
         return {"boundaries": len(bs), "plan_timings": sum(n for p, n in rows if keep is None or p in keep)}
@@ -338,16 +322,3 @@ class RecordTables:
 
     def _legacy_boundary_records(self) -> list[BoundaryCost]:  # pragma: no cover - Database overrides it
         return []
-
-
-def _filter(columns: Iterable[tuple[str, Any]], valid: bool | None) -> tuple[str, list[Any]]:
-    """A WHERE clause and its arguments: ``column = value`` for each value given, and ``valid`` when given."""
-    conds, args = [], []
-    for col, v in columns:
-        if v is not None:
-            conds.append(f"{col} = ?")
-            args.append(v)
-    if valid is not None:
-        conds.append("valid = ?")
-        args.append(int(bool(valid)))
-    return " AND ".join(conds) or "1", args

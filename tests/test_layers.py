@@ -3,7 +3,7 @@
 The order, bottom to top (a module's layer is its top-level module or package under ``collage_ml``):
 
     errors, cost, paths, defaults, ui, ort_pool < ir < backends < candidates, plan, placed < measure
-    < db, db_records < featurize < models < search < collector, sampling < api, viz < cli, __main__, __init__
+    < db, db_records < featurize < models < search < collector < api, viz < cli, __main__, __init__
 
 ``ui`` (progress bars and tables, on rich) is at the bottom because place (``search``), collect and train
 (``models``) all use it. ``placed`` (compiled plans, saved and loaded) shares the plan's layer:
@@ -34,7 +34,7 @@ ORDER = [
     {"featurize"},
     {"models"},
     {"search"},
-    {"collector", "collect", "sampling"},
+    {"collector"},
     {"api", "viz"},
     {"cli", "__main__", "__init__"},
 ]

@@ -19,7 +19,7 @@ Samplers:
 
 - ``enumerate``: every candidate the placement search would see
   (:func:`~collage_ml.candidates.enumerate_candidates` with ``max_region_size``).
-- ``random``: random convex connected subgraphs (:mod:`collage_ml.sampling`)
+- ``random``: random convex connected subgraphs (:mod:`collage_ml.collector.sampling`)
   of 1..``max_region_size`` nodes from the models at several batch sizes
   (default 1, 2, 4, 8, 16), each measured on every backend whose patterns can
   run it. Their family is ``"random"``; the pattern recorded in ``extra`` is
@@ -312,7 +312,7 @@ def _activation_bytes(graph) -> int:
 def _random_candidates(graph, backends, count: int, max_size: int, seed: int, label: str):
     """Candidates on random convex subgraphs: each sampled subgraph on every backend whose patterns can run it."""
     from collage_ml.candidates import Candidate
-    from collage_ml.sampling import sample_subgraphs
+    from collage_ml.collector.sampling import sample_subgraphs
 
     supported: list[int] = []
     op_masks: list[set[int]] = []
@@ -373,7 +373,7 @@ def plan(
     from collage_ml.candidates import enumerate_candidates
     from collage_ml.measure.hardware import fingerprint
     from collage_ml.measure.runner import default_threads
-    from collage_ml.sampling import DEFAULT_RANDOM_BATCH_SIZES, sample_sources
+    from collage_ml.collector.sampling import DEFAULT_RANDOM_BATCH_SIZES, sample_sources
 
     _check_sampler(sampler)
     shard_t = parse_shard(shard)

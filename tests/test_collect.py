@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from collage_ml import collector as collect_mod
+from collage_ml.collector import loop as collect_mod
 from collage_ml.collector import (
     FOCUS_NEEDS_MODEL, add_parser, collect, default_db_path, focus_weights, in_shard, parse_shard, plan, run,
     shard_of, subsample_keep,

@@ -99,7 +99,7 @@ def study(cuda, args, console) -> dict:
     import statistics
 
     from collage_ml.candidates import Candidate
-    from collage_ml.sampling import sample_subgraphs
+    from collage_ml.collector.sampling import sample_subgraphs
 
     rel: dict[str, dict[str, list[float]]] = {}
     with Runner(timeout=300) as runner:

@@ -16,28 +16,9 @@ import os
 import sys
 from typing import Iterator, Sequence
 
+from collage_ml.argtypes import arg, positive_int, shape
 from collage_ml.defaults import MAX_REGION_SIZE
 from collage_ml.errors import CollageError, first_line
-
-
-def _shape_arg(text: str) -> tuple[str, list[int]]:
-    name, sep, dims = text.partition("=")
-    try:
-        if not sep or not name:
-            raise ValueError
-        return name, [int(d) for d in dims.split(",")]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected NAME=D1,D2,... (e.g. input=1,3,224,224), got {text!r}") from None
-
-
-def _positive_int(text: str) -> int:
-    try:
-        v = int(text)
-        if v < 1:
-            raise ValueError
-        return v
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -55,12 +36,12 @@ def build_parser() -> argparse.ArgumentParser:
     ze = zsub.add_parser("export", help="write a zoo model as an ONNX file")
     ze.add_argument("name")
     ze.add_argument("-o", "--output", required=True, help="output .onnx path")
-    ze.add_argument("--batch", type=_positive_int, default=1)
+    ze.add_argument("--batch", type=arg(positive_int), default=1)
 
     i = sub.add_parser("inspect", help="summarise a model: nodes, FLOPs, parameters, op histogram")
     i.add_argument("model", help="a zoo name or an .onnx path")
-    i.add_argument("--batch", type=_positive_int, default=1, help="batch size (zoo models)")
-    i.add_argument("--input-shape", type=_shape_arg, action="append", default=[], metavar="NAME=D1,D2,...",
+    i.add_argument("--batch", type=arg(positive_int), default=1, help="batch size (zoo models)")
+    i.add_argument("--input-shape", type=arg(shape), action="append", default=[], metavar="NAME=D1,D2,...",
                    help="pin a dynamic input's shape (repeatable)")
     i.add_argument("--json", action="store_true", help="print JSON")
     pl = sub.add_parser("place", help="place a model's subgraphs on the fastest backends")
@@ -71,21 +52,21 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--cost-model", default="default", metavar="ARTIFACT",
                     help="guided mode's cost model: an artifact from `collage-ml train`, or 'default' (the model "
                          "updated next to --db if any, else the shipped one for this machine)")
-    pl.add_argument("--measure-budget", type=_positive_int, default=None, metavar="N",
+    pl.add_argument("--measure-budget", type=arg(positive_int), default=None, metavar="N",
                     help="guided mode: measure at most N new candidates")
     pl.add_argument("--db", default=None, metavar="PATH", help="measurement database (default: per-user)")
     pl.add_argument("--out", default=None, metavar="DIR", help="save the placed model here")
     pl.add_argument("--report", default=None, metavar="FILE.json",
                     help="write the JSON report here, and a picture of the placed graph beside it (FILE.svg)")
-    pl.add_argument("--max-region-size", type=_positive_int, default=MAX_REGION_SIZE,
+    pl.add_argument("--max-region-size", type=arg(positive_int), default=MAX_REGION_SIZE,
                     help=f"largest region candidate, in nodes (whole-model regions are always tried; default: "
                          f"{MAX_REGION_SIZE})")
-    pl.add_argument("--threads", type=_positive_int, default=None, help="intra-op threads for every backend")
-    pl.add_argument("--batch", type=_positive_int, default=1, help="batch size (zoo models)")
-    pl.add_argument("--input-shape", type=_shape_arg, action="append", default=[], metavar="NAME=D1,D2,...")
+    pl.add_argument("--threads", type=arg(positive_int), default=None, help="intra-op threads for every backend")
+    pl.add_argument("--batch", type=arg(positive_int), default=1, help="batch size (zoo models)")
+    pl.add_argument("--input-shape", type=arg(shape), action="append", default=[], metavar="NAME=D1,D2,...")
     pl.add_argument("--no-graph-level", action="store_true",
                     help="skip the graph-level evolutionary search (op-level DP and single backends only)")
-    pl.add_argument("--generations", type=_positive_int, default=6, help="graph-level search generations")
+    pl.add_argument("--generations", type=arg(positive_int), default=6, help="graph-level search generations")
     pl.add_argument("--no-progress", action="store_true", help="no progress bar")
     sh = sub.add_parser("show", help="draw a saved placed model's plan (SVG) and print its partition table")
     sh.add_argument("placed_dir", metavar="PLACED_DIR", help="a directory written by `place --out`")
@@ -96,7 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
     ca = sub.add_parser("calibrate", help="measure the probe set on this machine (once per machine and backend)")
     ca.add_argument("--backends", default=None, help="comma-separated backend names (default: the CPU set)")
     ca.add_argument("--db", default=None, help="measurement database (default: the per-user one)")
-    ca.add_argument("--threads", type=_positive_int, default=None, help="intra-op threads for every backend")
+    ca.add_argument("--threads", type=arg(positive_int), default=None, help="intra-op threads for every backend")
     ca.add_argument("--json", action="store_true", help="print JSON")
 
     b = sub.add_parser("backends", help="list the backends with availability, version and device")
@@ -114,7 +95,7 @@ def build_parser() -> argparse.ArgumentParser:
     dm = dsub.add_parser("merge", help="merge database B into A (idempotent; A is created if missing)")
     dm.add_argument("into", metavar="A")
     dm.add_argument("other", metavar="B")
-    from collage_ml.collector import add_parser as add_collect_parser
+    from collage_ml.cli_collect import add_parser as add_collect_parser
 
     add_collect_parser(sub)
     from collage_ml.models.cli import add_parser as add_model_parsers
@@ -322,7 +303,7 @@ def _cmd_inspect(args) -> int:
 
 
 def _cmd_collect(args) -> int:
-    from collage_ml.collector import run
+    from collage_ml.cli_collect import run
 
     return run(args)
 

@@ -21,16 +21,16 @@ from pathlib import Path
 
 import pytest
 
-from collage_ml import collector as collect_mod
+from collage_ml.cli_collect import add_parser, run
+from collage_ml.collector import loop as collect_mod
 from collage_ml.collector import (
-    FOCUS_NEEDS_MODEL, add_parser, collect, default_db_path, focus_weights, in_shard, parse_shard, plan, run,
-    shard_of, subsample_keep,
+    FOCUS_NEEDS_MODEL, collect, default_db_path, focus_weights, in_shard, parse_shard, plan, shard_of, subsample_keep,
 )
+from collage_ml.collector.sampling import convex_hull, sample_masks, sample_subgraphs
 from collage_ml.db import Database
 from collage_ml.errors import CollageError, UnknownModelError
 from collage_ml.ir import import_model
 from collage_ml.measure.timing import TimingConfig
-from collage_ml.sampling import convex_hull, sample_masks, sample_subgraphs
 
 # one process per candidate: these tests are about placement and storage, not the protocol (test_protocol.py)
 # contention checks off: the load on a CI machine is not what these tests are about

@@ -20,7 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from collage_ml.collector import RAY_LOCAL_ENV, RAY_MISSING, _ray_node_task, _shard_snapshot, collect, plan, ray_run_key, ray_shard_dir
+from collage_ml.collector import RAY_LOCAL_ENV, RAY_MISSING, collect, plan, ray_run_key, ray_shard_dir
+from collage_ml.collector.ray_fleet import _ray_node_task, _shard_snapshot
 from collage_ml.db import Database
 from collage_ml.errors import CollageError
 from collage_ml.measure.timing import TimingConfig

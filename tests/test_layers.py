@@ -2,8 +2,8 @@
 
 The order, bottom to top (a module's layer is its top-level module or package under ``collage_ml``):
 
-    errors, cost, paths, defaults, ui, ort_pool < ir < backends < candidates, plan, placed < measure
-    < db < featurize < models < search < collector, sampling < api, viz < cli, __main__, __init__
+    errors, cost, paths, defaults, ui, ort_pool, argtypes < ir < backends < candidates, plan, placed < measure
+    < db < featurize < models < search < collector < api, viz < cli, cli_collect, __main__, __init__
 
 ``ui`` (progress bars and tables, on rich) is at the bottom because place (``search``), collect and train
 (``models``) all use it. ``placed`` (compiled plans, saved and loaded) shares the plan's layer:
@@ -25,7 +25,7 @@ from pathlib import Path
 PKG = Path(__file__).resolve().parents[1] / "collage_ml"
 
 ORDER = [
-    {"errors", "cost", "paths", "defaults", "ui", "ort_pool"},
+    {"errors", "cost", "paths", "defaults", "ui", "ort_pool", "argtypes"},
     {"ir"},
     {"backends"},
     {"candidates", "plan", "placed"},
@@ -34,9 +34,9 @@ ORDER = [
     {"featurize"},
     {"models"},
     {"search"},
-    {"collector", "collect", "sampling"},
+    {"collector"},
     {"api", "viz"},
-    {"cli", "__main__", "__init__"},
+    {"cli", "cli_collect", "__main__", "__init__"},
 ]
 LAYER = {name: i for i, names in enumerate(ORDER) for name in names}
 

@@ -18,7 +18,6 @@ LIMIT = 500
 #: modules allowed over the budget (paths relative to collage_ml/), and why
 ALLOWED: dict[str, str] = {
     "backends/onnx_to_torch.py": "its size is its op table: one small converter per ONNX op",
-    "collector.py": "to be split into a collect/ package (issue 17 point 3; being reworked on another branch)",
 }
 
 

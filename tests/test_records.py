@@ -238,7 +238,7 @@ def test_merge_carries_both_tables_and_old_rows(tmp_path):
 
 
 def test_ray_shard_merge_carries_both_tables(tmp_path):
-    from collage_ml.collector import _merge_shard, _shard_snapshot
+    from collage_ml.collector.ray_fleet import _merge_shard, _shard_snapshot
 
     shard = tmp_path / "shard-0-of-2.db"
     with Database(shard) as db:

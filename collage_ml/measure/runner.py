@@ -34,7 +34,7 @@ from collage_ml.cost import CandidateKey, Measurement
 from collage_ml.errors import BackendError, describe
 from collage_ml.measure.timing import Tolerance, TimingConfig
 from collage_ml.measure.worker import Worker, _worker_main, worker_path  # noqa: F401  (re-exported)
-from collage_ml.paths import default_threads  # collector.py still imports it from here
+from collage_ml.paths import default_threads  # collector/ still imports it from here
 
 
 

@@ -1,0 +1,285 @@
+"""The collection loop: :func:`collect` plans, then measures the plan through the tuner's measure step."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterable, Mapping, Sequence
+
+from collage_ml.collector.planning import DEFAULT_MAX_REFERENCE_BYTES, CollectPlan, plan
+from collage_ml.collector.ray_fleet import RAY_TASK_RETRIES, _collect_ray
+from collage_ml.collector.samplers import DEFAULT_SAMPLES_PER_GRAPH, FOCUS_NEEDS_MODEL, _check_sampler, _load_cost_model
+from collage_ml.collector.sharding import DEFAULT_INDUCTOR_FRACTION, _key_tuple, parse_shard
+from collage_ml.collector.sources import _import, parse_batch_sizes, resolve_models
+from collage_ml.collector.summary import CollectSummary, _new_backend_counts, summary_table
+from collage_ml.db import default_db_path
+from collage_ml.defaults import MAX_REGION_SIZE
+from collage_ml.errors import CollageError, describe
+from collage_ml.ui import Bar
+
+#: the clock budgets are measured with (tests replace it)
+_clock = time.monotonic
+
+
+def collect(
+    models: str | Sequence[str] = "all",
+    backends: Any = None,
+    db: Any = None,
+    budget_minutes: float | None = None,
+    max_candidates: int | None = None,
+    sampler: str = "enumerate",
+    shard: Any = None,
+    seed: int = 0,
+    threads: int | None = None,
+    max_region_size: int = MAX_REGION_SIZE,
+    batch_sizes: Any = None,
+    progress: bool = True,
+    ray_address: str | None = None,
+    *,
+    cost_model: Any = None,
+    inductor_fraction: float = DEFAULT_INDUCTOR_FRACTION,
+    samples_per_graph: int = DEFAULT_SAMPLES_PER_GRAPH,
+    timing: Any = None,
+    timeout: float = 120.0,
+    max_reference_bytes: int = DEFAULT_MAX_REFERENCE_BYTES,
+    dry_run: bool = False,
+    on_measurement: Callable[[Any], None] | None = None,
+    ray_shards: int | None = None,
+    ray_retries: int | None = None,
+    _skip: Mapping[str, Iterable[tuple[str, str, str]]] | None = None,
+) -> CollectSummary:
+    """Measures candidates of ``models`` on ``backends`` into ``db``; resumable, shardable, budgeted.
+
+    - ``models``: zoo names and ONNX paths (a list or ``"a,b"``); ``"all"`` is every full-size
+      zoo model, ``"tiny"`` every ``-tiny`` one.
+    - ``backends``: names (a list or ``"a,b"``); None is the default CPU set.
+    - ``db``: a path or an open :class:`~collage_ml.db.Database`; None is :func:`default_db_path`.
+    - ``budget_minutes``: stop after this many minutes (checked between candidates; a candidate in
+      flight finishes, at most ``timeout`` seconds). ``max_candidates``: measure at most this many
+      new candidates (cache hits do not count).
+    - ``sampler``: ``enumerate``, ``random`` or ``focus`` (needs ``cost_model``: an object with
+      ``predict(candidates) -> (mean, uncertainty)`` or a saved model's path).
+    - ``shard``: ``"i/n"`` or ``(i, n)``: measure only keys whose stable hash falls in shard i.
+    - ``batch_sizes``: batch sizes of zoo models; default ``(1,)`` for enumerate and
+      ``(1, 2, 4, 8, 16)`` for random and focus.
+    - ``inductor_fraction``: the deterministic share of inductor candidates measured.
+    - ``samples_per_graph``: random subgraphs per (model, batch) for random and focus.
+    - ``timing``: a :class:`~collage_ml.measure.timing.TimingConfig`; ``timeout`` bounds one
+      candidate (seconds).
+    - ``max_reference_bytes``: sources whose activations exceed this are skipped (listed in
+      ``summary.skipped``).
+    - ``dry_run``: plan only; the summary's ``planned`` says what would be measured.
+    - ``ray_address``: run ``ray_shards`` (default: one per alive node with a CPU) shards as Ray
+      tasks at this address (``"local"`` starts a local instance on loopback) and merge their
+      databases into ``db``; Ray reruns a shard whose worker died up to ``ray_retries`` times
+      (default :data:`RAY_TASK_RETRIES`), resuming its database.
+    - ``on_measurement(measurement)`` is called after each new measurement.
+
+    Ctrl-C stops cleanly: the summary says ``stopped="interrupted"``.
+    """
+    t_start = _clock()
+    _check_sampler(sampler)
+    if sampler == "focus" and cost_model is None:
+        raise CollageError(FOCUS_NEEDS_MODEL)
+    shard_t = parse_shard(shard)
+    if budget_minutes is not None and not budget_minutes >= 0:
+        raise ValueError(f"budget_minutes must be >= 0, got {budget_minutes}")
+    if max_candidates is not None and (isinstance(max_candidates, bool) or int(max_candidates) != max_candidates or max_candidates < 0):
+        raise ValueError(f"max_candidates must be an integer >= 0, got {max_candidates}")
+    if threads is not None and (not isinstance(threads, int) or threads < 1):
+        raise ValueError(f"threads must be an integer >= 1, got {threads!r}")
+    if ray_address is not None:
+        if shard_t is not None:
+            raise ValueError("--shard and --ray cannot be combined: with --ray, each node collects one shard")
+        return _collect_ray(
+            ray_address, db=db, progress=progress, ray_shards=ray_shards,
+            max_retries=RAY_TASK_RETRIES if ray_retries is None else ray_retries,
+            kwargs=dict(
+                models=models, backends=backends, budget_minutes=budget_minutes, max_candidates=max_candidates,
+                sampler=sampler, seed=seed, threads=threads, max_region_size=max_region_size,
+                batch_sizes=batch_sizes, cost_model=cost_model, inductor_fraction=inductor_fraction,
+                samples_per_graph=samples_per_graph, timing=timing, timeout=timeout,
+                max_reference_bytes=max_reference_bytes, dry_run=dry_run,
+            ),
+        )
+
+    from collage_ml.backends.base import resolve_backends
+    from collage_ml.db import Database
+    from collage_ml.measure.hardware import fingerprint
+    from collage_ml.measure.runner import default_threads
+
+    # usage errors before the database is touched
+    resolve_models(models)
+    resolve_backends(backends)
+    parse_batch_sizes(batch_sizes)
+    threads = threads or default_threads()
+    hw = fingerprint(threads)
+    own_db = not isinstance(db, Database)
+    db_path = Path(os.fspath(db)) if own_db and db is not None else default_db_path() if own_db else db.path
+    if own_db:
+        if dry_run:
+            database = Database(db_path, create=False, readonly=True) if db_path.exists() else None
+        else:
+            database = Database(db_path)
+    else:
+        database = db
+    feedback = None
+    if sampler == "focus":
+        # the one feedback loop, shared with ``place``: new measurements update the model, saved next to the DB
+        from collage_ml.featurize.hardware import HardwareDesc
+        from collage_ml.models.base import CostModel
+        from collage_ml.models.feedback import Feedback, updated_path
+
+        from collage_ml.measure.probes import PROBE_SET_VERSION
+
+        cost_model = _load_cost_model(cost_model)
+        if isinstance(cost_model, CostModel):
+            # this machine, with the probe results the database holds for it (`collage-ml calibrate` records them)
+            here = HardwareDesc.current(threads).with_probes(
+                database.probe_table(hw, PROBE_SET_VERSION) if database is not None else None)
+            cost_model.hw = here  # the focus sampler's predictions are for this machine
+            if not dry_run:
+                feedback = Feedback(cost_model, updated_path(db_path, hw, cost_model.kind), here)
+    try:
+        known = database.known_keys(hw, getattr(timing, "name", None)) if database is not None else set()
+        if _skip:
+            known |= {tuple(k) for k in _skip.get(hw, ())}
+        # the progress bar (stderr): ETA, candidates per minute and invalid count by backend
+        with Bar(progress, stderr=True, rate=True) as prog:
+            p = plan(
+                models, backends, sampler=sampler, shard=shard_t, seed=seed, threads=threads,
+                max_region_size=max_region_size, batch_sizes=batch_sizes, inductor_fraction=inductor_fraction,
+                samples_per_graph=samples_per_graph, known=known, cost_model=cost_model,
+                max_candidates=max_candidates, max_reference_bytes=max_reference_bytes, on_source=prog.planning,
+            )
+            prog.planned()
+            summary = CollectSummary(
+                db=str(db_path), hardware=hw, sampler=sampler, models=p.models,
+                backends=[b.name for b in p.backends], batch_sizes=p.batch_sizes,
+                shard=f"{shard_t[0]}/{shard_t[1]}" if shard_t else None, seed=seed, threads=threads,
+                max_region_size=max_region_size, inductor_fraction=inductor_fraction, skipped=list(p.skipped),
+            )
+            for name, c in p.counts.items():
+                b = summary.by_backend.setdefault(name, _new_backend_counts())
+                for k in ("candidates", "cache_hits", "subsampled", "planned"):
+                    b[k] = c[k]
+            summary.candidates = sum(c["candidates"] for c in p.counts.values())
+            summary.cache_hits = sum(c["cache_hits"] for c in p.counts.values())
+            summary.subsampled = sum(c["subsampled"] for c in p.counts.values())
+            summary.planned = p.planned
+            if dry_run:
+                summary.stopped = "dry-run"
+                summary.remaining = p.planned
+            else:
+                total = p.planned if max_candidates is None else min(p.planned, int(max_candidates))
+                prog.task("measuring", total)
+                _measure(p, database, summary, prog, t_start, budget_minutes, max_candidates, threads, timing,
+                         timeout, on_measurement, feedback)
+        summary.elapsed_s = _clock() - t_start
+        if progress:
+            from rich.console import Console
+
+            Console(stderr=True).print(summary_table(summary))
+        return summary
+    finally:
+        if own_db and database is not None:
+            database.close()
+
+
+def _measure(
+    p: CollectPlan, db, summary: CollectSummary, prog: Bar, t_start: float, budget_minutes, max_candidates,
+    threads: int, timing, timeout: float, on_measurement, feedback=None,
+) -> None:
+    """Measures the plan's items through the tuner's measure step, which commits each measurement and
+    hands it to ``feedback`` (the focus sampler's cost model; flushed once per source)."""
+    from collage_ml.candidates import Candidate
+    from collage_ml.cost import CandidateKey
+    from collage_ml.ir.graph import SubGraph
+    from collage_ml.measure.runner import Runner
+    from collage_ml.measure.timing import TimingConfig
+    from collage_ml.search.tuner import Tuner
+
+    deadline = None if budget_minutes is None else t_start + budget_minutes * 60
+    done = 0  # planned items dealt with: measured, or found in the DB meanwhile
+    t_measure = _clock()
+
+    def stop_reason() -> str | None:
+        if max_candidates is not None and summary.measured >= max_candidates:
+            return "max_candidates"
+        if deadline is not None and _clock() >= deadline:
+            return "budget"
+        return None
+
+    runner = Runner(db=db, threads=threads, timeout=timeout, timing=timing or TimingConfig())
+    tuner = Tuner(runner, feedback=feedback)
+    try:
+        for work in p.works:
+            if (why := stop_reason()) is not None:
+                summary.stopped = why
+                break
+            prog.phase(f"{work.label}: reference")
+            try:
+                graph = _import(work.model, work.batch)
+                reference = graph.reference()
+            except Exception as e:  # an overnight run goes on with the next model
+                summary.skipped.append(f"{work.label}: {describe(e, 10**6)}")
+                continue
+            groups: dict[int, list] = {}
+            for it in work.items:
+                groups.setdefault(it[1], []).append(it)
+            for bi in sorted(groups):  # one backend per phase, in the order the backends were given
+                backend = p.backends[bi]
+                prog.phase(f"{work.label} · {backend.name}")
+                items = groups[bi]
+                pos = 0
+                while pos < len(items):  # in chunks: the protocol's passes spread each candidate's processes
+                    if (why := stop_reason()) is not None:
+                        summary.stopped = why
+                        break
+                    room = runner.timing.pass_chunk
+                    if max_candidates is not None:
+                        room = max(1, min(room, max_candidates - summary.measured))
+                    chunk = []
+                    while pos < len(items) and len(chunk) < room:
+                        mask, _, pattern, key = items[pos]
+                        pos += 1
+                        c = Candidate(SubGraph(graph, mask), backend, pattern)
+                        if _key_tuple(c.key) != key:  # the re-imported graph must be the planned one
+                            raise CollageError(
+                                f"{work.label} changed between planning and measuring (a node set hashes "
+                                "differently); run collect again"
+                            )
+                        if runner.lookup(CandidateKey(*key)) is not None:  # another process measured it meanwhile
+                            summary.cache_hits += 1
+                            summary.by_backend[backend.name]["cache_hits"] += 1
+                            done += 1
+                            prog.step()
+                            continue
+                        chunk.append(c)
+                    new: dict = {}
+                    ms = tuner.measure(chunk, reference, work.family, on_result=lambda c, m, n: new.update({c.key: n}))
+                    for c, m in zip(chunk, ms):
+                        done += 1
+                        if not new[c.key]:  # another process committed it first
+                            summary.cache_hits += 1
+                            summary.by_backend[backend.name]["cache_hits"] += 1
+                            prog.step()
+                            continue
+                        summary._record(backend.name, work.family, m.valid)
+                        if on_measurement is not None:
+                            on_measurement(m)
+                        prog.step(backend.name, m.valid)
+                if summary.stopped != "complete":
+                    break
+            if tuner.flush(work.family):
+                summary.model_updates += 1
+            del reference, graph
+            if summary.stopped != "complete":
+                break
+    except KeyboardInterrupt:
+        summary.stopped = "interrupted"
+    finally:
+        summary.measure_s = _clock() - t_measure
+        summary.remaining = max(0, p.planned - done)
+        runner.close()

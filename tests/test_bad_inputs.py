@@ -175,14 +175,19 @@ def test_every_json_command_prints_only_json(small, capfd, monkeypatch):
     from collage_ml.measure import probes
 
     monkeypatch.setattr(probes, "PROBES", probes.PROBES[10:11])  # one probe kernel: calibrate stays fast
-    import functools
+    import dataclasses
     import math
 
-    from collage_ml.collector import loop
-    from collage_ml.measure.timing import TimingConfig
+    from collage_ml.measure import timing
 
-    # on a busy machine the protocol marks rows contended, and eval (which leaves those out) would find none
-    monkeypatch.setattr(loop, "TimingConfig", functools.partial(TimingConfig, max_pressure=math.inf, contention_retries=0))
+    @dataclasses.dataclass(frozen=True)
+    class Unmarked(timing.TimingConfig):  # the protocol, but no row is marked contended
+        max_pressure: float = math.inf
+        contention_retries: int = 0
+
+    # on a busy machine the protocol marks rows contended, and eval (which leaves those out) would find none;
+    # collect builds its TimingConfig when it runs, from this module attribute
+    monkeypatch.setattr(timing, "TimingConfig", Unmarked)
     commands = [
         ["calibrate", "--backends", "onnxruntime", "--db", str(db), "--json"],
         ["zoo", "--json"],

@@ -178,16 +178,15 @@ def test_every_json_command_prints_only_json(small, capfd, monkeypatch):
     import dataclasses
     import math
 
-    from collage_ml.measure import timing
+    from collage_ml.measure.timing import TimingConfig
 
-    @dataclasses.dataclass(frozen=True)
-    class Unmarked(timing.TimingConfig):  # the protocol, but no row is marked contended
-        max_pressure: float = math.inf
-        contention_retries: int = 0
-
-    # on a busy machine the protocol marks rows contended, and eval (which leaves those out) would find none;
-    # collect builds its TimingConfig when it runs, from this module attribute
-    monkeypatch.setattr(timing, "TimingConfig", Unmarked)
+    # On a busy machine the protocol marks rows contended, and eval (which leaves those out) would find none.
+    # collect builds TimingConfig() when it runs: give that default no contention limit for this test (the
+    # class itself must stay the module's, for pickling it to the workers)
+    names = [f.name for f in dataclasses.fields(TimingConfig) if f.init]
+    defaults = dict(zip(names, TimingConfig.__init__.__defaults__))
+    defaults.update(max_pressure=math.inf, contention_retries=0)
+    monkeypatch.setattr(TimingConfig.__init__, "__defaults__", tuple(defaults[n] for n in names))
     commands = [
         ["calibrate", "--backends", "onnxruntime", "--db", str(db), "--json"],
         ["zoo", "--json"],

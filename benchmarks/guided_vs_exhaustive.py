@@ -176,7 +176,10 @@ def main() -> None:
             elif variant == "guided-hwout":
                 kw["cost_model"] = hwout_model(args.kind, args.threads, cache, console)
             t = time.perf_counter()
-            pm = collage_ml.place(m, backends=args.backends, mode=mode, db=work / f"{variant}.db",
+            # each variant's database in its own folder: the updated cost model is saved next to its database
+            # (``<folder>/cost-models/``), and one variant must never load another's
+            (work / variant).mkdir(exist_ok=True)
+            pm = collage_ml.place(m, backends=args.backends, mode=mode, db=work / variant / f"{variant}.db",
                                   max_region_size=args.max_region_size, threads=args.threads, progress=False,
                                   log=lambda s: console.print(f"[dim]  {s}[/]"), evo_config=evo, **kw)
             rep = pm.report

@@ -11,8 +11,9 @@ targets, not ensembles), on the same rows, scored with ``collage_ml.models.evalu
   "same subgraph, which backend" group, one on each row's deviation from it; the prediction is their sum;
 - ``rank``: XGBoost ``rank:pairwise`` within those groups alone (scale-free: only its ordering metrics mean
   anything);
-- ``log+ranker``: the regressors' values, reassigned within each group in the ranker's order (what
-  ``XGBCostModel`` does by default).
+- ``ranker-order``: the regressors' values, reassigned within each group in the ranker's order;
+- ``log+ranker``: the same in the order of log latency - ``ranker_weight`` x ranker score (what
+  ``XGBCostModel`` does by default, weight 0.1): the ranker overrides the regressors where it is sure.
 
 Protocols: leave one family out over ``--db`` (default datasets/cpu-2core-zen5), and leave one machine out over
 every dataset with probes (``--hardware-dbs``), as in ``benchmarks/cost_model.py``.
@@ -37,7 +38,8 @@ from collage_ml.models.dataset import Dataset  # noqa: E402
 from collage_ml.models.evaluate import average_metrics, evaluate_predictions, json_safe  # noqa: E402
 from collage_ml.models.xgb import DEFAULTS  # noqa: E402
 
-VARIANTS = ("log", "roofline", "level+delta", "rank", "log+ranker")
+VARIANTS = ("log", "roofline", "level+delta", "rank", "ranker-order", "log+ranker")
+RANKER_WEIGHT = DEFAULTS["ranker_weight"]
 SHOWN = ("mape", "within_10pct", "pairwise_accuracy", "top1_regret", "backend_pairwise_accuracy", "backend_choice_regret")
 PARAMS = dict(objective="reg:squarederror", tree_method="hist", max_depth=DEFAULTS["max_depth"], eta=DEFAULTS["learning_rate"],
               min_child_weight=DEFAULTS["min_child_weight"], subsample=DEFAULTS["subsample"],
@@ -81,7 +83,7 @@ def predictions(train: Dataset, test: Dataset, variants) -> dict[str, np.ndarray
     mean = (np.bincount(q, weights=ytr) / np.bincount(q))[q]
     out: dict[str, np.ndarray] = {}
     log = None
-    if {"log", "log+ranker"} & set(variants):
+    if {"log", "ranker-order", "log+ranker"} & set(variants):
         log = _train(Xtr, ytr).inplace_predict(Xte)
         out["log"] = log
     if "roofline" in variants:
@@ -92,16 +94,17 @@ def predictions(train: Dataset, test: Dataset, variants) -> dict[str, np.ndarray
         level = _train(Xtr, mean).inplace_predict(Xte)
         delta = _train(Xtr[many], (ytr - mean)[many]).inplace_predict(Xte)
         out["level+delta"] = level + delta
-    if {"rank", "log+ranker"} & set(variants):
+    if {"rank", "ranker-order", "log+ranker"} & set(variants):
         score = _ranker(Xtr, ytr, q).inplace_predict(Xte)  # higher = faster
         out["rank"] = -score
-        combo = log.copy()
         qt = _groups(test.samples)
-        for g in np.unique(qt):
-            idx = np.where(qt == g)[0]
-            if len(idx) > 1:
-                combo[idx[np.argsort(-score[idx], kind="stable")]] = np.sort(log[idx])
-        out["log+ranker"] = combo
+        for name, key in (("ranker-order", -score), ("log+ranker", log - RANKER_WEIGHT * score)):
+            combo = log.copy()
+            for g in np.unique(qt):
+                idx = np.where(qt == g)[0]
+                if len(idx) > 1:
+                    combo[idx[np.argsort(key[idx], kind="stable")]] = np.sort(log[idx])
+            out[name] = combo
     return {v: out[v] for v in variants}
 
 

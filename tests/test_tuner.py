@@ -260,3 +260,26 @@ def test_guided_strategy_is_the_only_one_that_needs_a_cost_model():
     assert s.report_fields(None)["cost_model"] is None and not s.reuse_whole_model_timings
     g = Guided(TableModel({}))
     assert g.report_fields(None)["guided"]["rounds"] == 0 and not g.reuse_whole_model_timings
+
+
+def test_a_mixed_plan_must_beat_the_best_single_backend_plan_by_the_margin():
+    """End-to-end noise must not pick a mixed plan: within MIXED_PLAN_MARGIN the one-partition plan is kept."""
+    from collage_ml.plan import Partition, Plan
+    from collage_ml.search.tuner import MIXED_PLAN_MARGIN, choose_plan
+
+    def plan(*backends):
+        return Plan("m", [Partition(b, [i]) for i, b in enumerate(backends)])
+
+    plans = {"op-level": plan("openvino", "onnxruntime"), "all-openvino": plan("openvino"),
+             "all-onnxruntime": plan("onnxruntime")}
+
+    def res(mixed, ov, ort=1.0):
+        return {"op-level": {"median": mixed}, "all-openvino": {"median": ov}, "all-onnxruntime": {"median": ort}}
+
+    assert MIXED_PLAN_MARGIN == pytest.approx(0.05)
+    assert choose_plan(res(0.879, 0.904), plans) == "all-openvino"  # 2.8% ahead: noise, not a win
+    assert choose_plan(res(0.80, 0.904), plans) == "op-level"  # 11.5% ahead: a real gain
+    assert choose_plan(res(0.95, 0.904), plans) == "all-openvino"  # the fastest is single anyway
+    assert choose_plan(res(0.879, 0.904), plans, margin=0.0) == "op-level"
+    only_mixed = {"op-level": plans["op-level"]}
+    assert choose_plan({"op-level": {"median": 1.0}}, only_mixed) == "op-level"

@@ -313,10 +313,12 @@ def calibrate(
             database.close()
 
 
-def db_merge(into: str | Path, other: str | Path) -> int:
-    """Adds every measurement of ``other`` missing from ``into`` (created if absent); returns rows added."""
+def db_merge(into: str | Path, other: str | Path, *, counts: bool = False) -> Any:
+    """Adds every record of ``other`` missing from ``into`` (created if absent); returns the measurements added,
+    or with ``counts`` {"measurements", "boundaries", "plan_runs"}: what was added of each kind."""
     with open_db(into, create=True) as db:
-        return db.merge(other)
+        n = db.merge(other)
+        return {"measurements": n, "boundaries": 0, "plan_runs": 0, **db.last_merge} if counts else n
 
 
 __all__ = [

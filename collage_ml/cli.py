@@ -163,8 +163,9 @@ def _cmd_db(args) -> int:
         n = api.db_export_parquet(args.path, args.parquet)
         print(f"wrote {n} measurements to {args.parquet}")
         return 0
-    n = api.db_merge(args.into, args.other)
-    print(f"merged {args.other} into {args.into}: {n} new measurements")
+    n = api.db_merge(args.into, args.other, counts=True)
+    print(f"merged {args.other} into {args.into}: {n['measurements']} new measurements, "
+          f"{n['boundaries']} boundary costs, {n['plan_runs']} plan runs")
     return 0
 
 

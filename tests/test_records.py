@@ -346,3 +346,18 @@ def test_place_keeps_every_plan_it_judged(tmp_path):
     assert ps and sum(len(p.runs) for p in ps) == rep["e2e_measurements"]
     best = min(p.median for p in ps if p.valid)
     assert rep["plan_latency_ms"] == pytest.approx(best * 1e3)
+
+
+def test_db_merge_cli_counts_every_kind(tmp_path, capsys):
+    """`collage-ml db merge` says what it added of each kind, not only measurements."""
+    from collage_ml.cli import main
+
+    a, b = tmp_path / "a.db", tmp_path / "b.db"
+    with Database(b) as db:
+        db.commit_boundary(boundary())
+        db.commit_plan_timing(plan_timing(runs=[(1e-3, 0, 100.0), (1.1e-3, 1, 101.0)]))
+    assert main(["db", "merge", str(a), str(b)]) == 0
+    out = capsys.readouterr().out
+    assert out.strip().endswith(": 0 new measurements, 1 boundary costs, 2 plan runs"), out
+    assert main(["db", "merge", str(a), str(b)]) == 0  # idempotent
+    assert capsys.readouterr().out.strip().endswith(": 0 new measurements, 0 boundary costs, 0 plan runs")

@@ -65,8 +65,7 @@ def load_rows(db_path: Path, backends: list[str] | None, hardware: str | None):
     invalid: dict[str, int] = defaultdict(int)
     per_hw: dict[str, int] = defaultdict(int)
     with Database(db_path, readonly=True) as db:
-        rows = [m for m in db.measurements()
-                if not m.key.subgraph_hash.startswith("boundary:") and (backends is None or m.key.backend in backends)]
+        rows = [m for m in db.measurements() if backends is None or m.key.backend in backends]
     for m in rows:
         per_hw[m.hardware] += 1
     if not rows:

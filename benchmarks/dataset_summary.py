@@ -33,9 +33,7 @@ def main() -> None:
         by_key: dict[tuple[str, str], dict[str, float]] = defaultdict(dict)
         nodes: dict[str, int] = {}
         ops: dict[str, str] = {}
-        for m in db.measurements(valid=True):
-            if m.key.subgraph_hash.startswith("boundary:"):
-                continue
+        for m in db.measurements(valid=True):  # boundary costs live in their own table, never here
             by_key[(m.key.subgraph_hash, m.hardware)][m.key.backend] = m.median
             nodes[m.key.subgraph_hash] = int(m.extra.get("nodes", 0))
         for h in {h for h, _ in by_key}:

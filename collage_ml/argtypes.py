@@ -71,3 +71,17 @@ def shape(text: str) -> tuple[str, list[int]]:
         return name, [int(d) for d in dims.split(",")]
     except ValueError:
         raise ValueError(f"expected NAME=D1,D2,... (e.g. input=1,3,224,224), got {text!r}") from None
+
+
+def key_value(text: str) -> tuple[str, Any]:
+    """``KEY=VALUE`` -> ``(KEY, value)``: a model parameter; VALUE is parsed as JSON when it can be (else a string)."""
+    import json
+
+    key, sep, value = text.partition("=")
+    key = key.strip()
+    if not sep or not key or not key.replace("_", "").isalnum():
+        raise ValueError(f"expected KEY=VALUE (e.g. n_estimators=200), got {text!r}")
+    try:
+        return key, json.loads(value)
+    except json.JSONDecodeError:
+        return key, value  # a bare string, e.g. conv=gin

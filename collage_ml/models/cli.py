@@ -12,22 +12,11 @@ import json
 import sys
 from typing import Any
 
+from collage_ml.argtypes import arg, key_value
 from collage_ml.defaults import COST_MODEL, DB, MODEL_KIND
 
 KINDS = ("xgb", "gnn")
 DB_HELP = "measurement database (default: the per-user one that place and collect write)"
-
-
-def _param_arg(text: str) -> tuple[str, Any]:
-    key, sep, value = text.partition("=")
-    key = key.strip()
-    if not sep or not key or not key.replace("_", "").isalnum():
-        raise argparse.ArgumentTypeError(f"expected KEY=VALUE (e.g. n_estimators=200), got {text!r}")
-    try:
-        v: Any = json.loads(value)
-    except json.JSONDecodeError:
-        v = value  # a bare string, e.g. conv=gin
-    return key, v
 
 
 def add_parser(subparsers) -> None:
@@ -48,7 +37,7 @@ def add_parser(subparsers) -> None:
     t.add_argument("--holdout-family", action="append", default=[], metavar="NAME",
                    help="leave this source family out of training and report its metrics (repeatable)")
     t.add_argument("--hardware", default=None, metavar="FP", help="train on this hardware fingerprint only")
-    t.add_argument("--param", type=_param_arg, action="append", default=[], metavar="KEY=VALUE",
+    t.add_argument("--param", type=arg(key_value), action="append", default=[], metavar="KEY=VALUE",
                    help="model parameter; VALUE is parsed as JSON when it can be (repeatable)")
     t.add_argument("--no-progress", action="store_true", help="no progress bar")
     t.add_argument("--json", action="store_true", help="print the summary as JSON")

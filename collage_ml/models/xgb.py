@@ -199,28 +199,27 @@ class XGBCostModel(CostModel):
         return counts[idx].astype(np.float32)
 
     @staticmethod
-    def _group_keys(samples: Sequence[Sample]) -> list[tuple[str, str]]:
-        """The "same subgraph, which backend" group of each sample: (machine, subgraph hash)."""
-        return [(s.hardware, s.info.hash) for s in samples]
+    def _groups(samples: Sequence[Sample]) -> tuple[np.ndarray, list[np.ndarray]]:
+        """The "same subgraph, which backend" groups, (machine, subgraph hash): each sample's group id, and the
+        index arrays (ascending) of the groups with two or more samples, in group-id order."""
+        ids: dict[tuple[str, str], int] = {}
+        qid = np.array([ids.setdefault((s.hardware, s.info.hash), len(ids)) for s in samples], dtype=np.int64)
+        order = np.argsort(qid, kind="stable")
+        q = qid[order]
+        starts = np.flatnonzero(np.r_[True, q[1:] != q[:-1]]) if len(q) else np.zeros(0, np.int64)
+        ends = np.r_[starts[1:], len(q)]
+        return qid, [order[a:b] for a, b in zip(starts, ends) if b - a >= 2]
 
     def _rank_matrix(self, X: np.ndarray, samples: Sequence[Sample], y: np.ndarray) -> xgb.DMatrix | None:
         """Rows of subgraphs measured on two or more backends, sorted by query id, graded by speed (fastest
         highest); None when there is no such group."""
-        ids: dict[tuple[str, str], int] = {}
-        qid = np.array([ids.setdefault(k, len(ids)) for k in self._group_keys(samples)], dtype=np.int64)
-        if not len(qid):
+        qid, groups = self._groups(samples)
+        if not groups:
             return None
-        many = np.bincount(qid)[qid] >= 2
-        if not many.any():
-            return None
-        rows = np.where(many)[0]
-        rows = rows[np.argsort(qid[rows], kind="stable")]
-        q, yy = qid[rows], y[rows]
-        grade = np.zeros(len(rows), np.float32)
-        starts = np.flatnonzero(np.r_[True, q[1:] != q[:-1]])
-        for a, b in zip(starts, np.r_[starts[1:], len(q)]):
-            grade[a:b] = np.argsort(np.argsort(-yy[a:b]))  # slowest 0, fastest k-1
-        return xgb.DMatrix(X[rows], label=grade, qid=q, feature_names=list(FEATURES), nthread=int(self.params["n_jobs"]))
+        rows = np.concatenate(groups)
+        grade = np.concatenate([np.argsort(np.argsort(-y[g])) for g in groups]).astype(np.float32)  # slowest 0
+        return xgb.DMatrix(X[rows], label=grade, qid=qid[rows], feature_names=list(FEATURES),
+                           nthread=int(self.params["n_jobs"]))
 
     def _fit_ranker(self, X: np.ndarray, samples: Sequence[Sample], y: np.ndarray, rounds: int,
                     start: xgb.Booster | None = None) -> xgb.Booster | None:
@@ -236,16 +235,12 @@ class XGBCostModel(CostModel):
         """Each member's values within a group, reassigned in the ranker's order (module docstring)."""
         if self.ranker is None or len(samples) < 2:
             return P
-        groups: dict[tuple[str, str], list[int]] = {}
-        for i, k in enumerate(self._group_keys(samples)):
-            groups.setdefault(k, []).append(i)
-        groups = {k: v for k, v in groups.items() if len(v) > 1}
+        _, groups = self._groups(samples)
         if not groups:
             return P
         score = float(self.params["ranker_weight"]) * self.ranker.inplace_predict(X).astype(np.float64)
         out = P.copy()
-        for idx in groups.values():
-            idx = np.asarray(idx)
+        for idx in groups:
             for m in range(P.shape[0]):
                 fastest_first = idx[np.argsort(P[m, idx] - score[idx], kind="stable")]
                 out[m, fastest_first] = np.sort(P[m, idx])

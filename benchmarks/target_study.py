@@ -33,78 +33,47 @@ import xgboost as xgb
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from collage_ml.featurize.flat import FEATURES, ROOF_EST, flat_matrix  # noqa: E402
+from collage_ml.featurize.flat import FEATURES, flat_matrix  # noqa: E402
 from collage_ml.models.dataset import Dataset  # noqa: E402
 from collage_ml.models.evaluate import average_metrics, evaluate_predictions, json_safe  # noqa: E402
-from collage_ml.models.xgb import DEFAULTS  # noqa: E402
+from collage_ml.models.xgb import DEFAULTS, XGBCostModel  # noqa: E402
 
 VARIANTS = ("log", "roofline", "level+delta", "rank", "ranker-order", "log+ranker")
-RANKER_WEIGHT = DEFAULTS["ranker_weight"]
 SHOWN = ("mape", "within_10pct", "pairwise_accuracy", "top1_regret", "backend_pairwise_accuracy", "backend_choice_regret")
+#: one member, no bootstrap: the variants differ in their target only
+ONE = {"n_members": 1}
+#: the level+delta booster's parameters: those of XGBCostModel's single member
 PARAMS = dict(objective="reg:squarederror", tree_method="hist", max_depth=DEFAULTS["max_depth"], eta=DEFAULTS["learning_rate"],
               min_child_weight=DEFAULTS["min_child_weight"], subsample=DEFAULTS["subsample"],
               colsample_bytree=DEFAULTS["colsample_bytree"], seed=0, nthread=1, verbosity=0)
-ROUNDS = DEFAULTS["n_estimators"]
 
 
-def _train(X, y, margin=None, **over):
-    d = xgb.DMatrix(X, label=y, base_margin=margin, feature_names=list(FEATURES))
-    return xgb.train({**PARAMS, **over}, d, ROUNDS)
-
-
-def _groups(samples) -> np.ndarray:
-    ids: dict = {}
-    return np.array([ids.setdefault((s.hardware, s.info.hash), len(ids)) for s in samples], dtype=np.int64)
-
-
-def _ranker(X, y, q):
-    many = np.bincount(q)[q] >= 2
-    rows = np.where(many)[0]
-    rows = rows[np.argsort(q[rows], kind="stable")]
-    grade = np.zeros(len(rows))
-    for g in np.unique(q[rows]):
-        i = np.where(q[rows] == g)[0]
-        grade[i] = np.argsort(np.argsort(-y[rows][i]))
-    d = xgb.DMatrix(X[rows], label=grade, qid=q[rows], feature_names=list(FEATURES))
-    return xgb.train({**PARAMS, "objective": "rank:pairwise"}, d, ROUNDS)
-
-
-def _margin(X, fallback):
-    m = X[:, ROOF_EST].astype(np.float64)
-    m[~np.isfinite(m)] = fallback
-    return m
+def _train(X, y):
+    return xgb.train(PARAMS, xgb.DMatrix(X, label=y, feature_names=list(FEATURES)), DEFAULTS["n_estimators"])
 
 
 def predictions(train: Dataset, test: Dataset, variants) -> dict[str, np.ndarray]:
-    """Log-latency predictions of each variant for ``test``, trained on ``train``."""
-    feats = lambda ss: flat_matrix([(s.info, s.backend, s.hw) for s in ss])  # noqa: E731
-    Xtr, ytr, Xte = feats(train.samples), train.y(), feats(test.samples)
-    q = _groups(train.samples)
-    mean = (np.bincount(q, weights=ytr) / np.bincount(q))[q]
+    """Log-latency predictions of each variant for ``test``, trained on ``train``.
+
+    The shipped variants are :class:`XGBCostModel` itself, fitted once: ``ranker_weight`` 0 leaves the
+    regressors' order (``log``), a huge weight is the ranker's order alone (``ranker-order``)."""
     out: dict[str, np.ndarray] = {}
-    log = None
-    if {"log", "ranker-order", "log+ranker"} & set(variants):
-        log = _train(Xtr, ytr).inplace_predict(Xte)
-        out["log"] = log
+    if {"log", "rank", "ranker-order", "log+ranker"} & set(variants):
+        m = XGBCostModel(**ONE).fit(train)
+        for name, weight in (("log", 0.0), ("ranker-order", 1e9), ("log+ranker", DEFAULTS["ranker_weight"])):
+            m.params["ranker_weight"] = weight
+            out[name] = m.predict_log(test.samples)[0]
+        out["rank"] = -m.ranker.inplace_predict(flat_matrix([(s.info, s.backend, s.hw) for s in test.samples]))
     if "roofline" in variants:
-        fb = float(ytr[~np.isfinite(Xtr[:, ROOF_EST])].mean()) if (~np.isfinite(Xtr[:, ROOF_EST])).any() else float(ytr.mean())
-        out["roofline"] = _train(Xtr, ytr, _margin(Xtr, fb)).inplace_predict(Xte, base_margin=_margin(Xte, fb))
+        out["roofline"] = XGBCostModel(**ONE, target="roofline", ranker=False).fit(train).predict_log(test.samples)[0]
     if "level+delta" in variants:
+        ids: dict = {}
+        q = np.array([ids.setdefault((s.hardware, s.info.hash), len(ids)) for s in train.samples])
+        Xtr, ytr = flat_matrix([(s.info, s.backend, s.hw) for s in train.samples]), train.y()
+        mean = (np.bincount(q, weights=ytr) / np.bincount(q))[q]
         many = np.bincount(q)[q] >= 2
-        level = _train(Xtr, mean).inplace_predict(Xte)
-        delta = _train(Xtr[many], (ytr - mean)[many]).inplace_predict(Xte)
-        out["level+delta"] = level + delta
-    if {"rank", "ranker-order", "log+ranker"} & set(variants):
-        score = _ranker(Xtr, ytr, q).inplace_predict(Xte)  # higher = faster
-        out["rank"] = -score
-        qt = _groups(test.samples)
-        for name, key in (("ranker-order", -score), ("log+ranker", log - RANKER_WEIGHT * score)):
-            combo = log.copy()
-            for g in np.unique(qt):
-                idx = np.where(qt == g)[0]
-                if len(idx) > 1:
-                    combo[idx[np.argsort(key[idx], kind="stable")]] = np.sort(log[idx])
-            out[name] = combo
+        Xte = flat_matrix([(s.info, s.backend, s.hw) for s in test.samples])
+        out["level+delta"] = _train(Xtr, mean).inplace_predict(Xte) + _train(Xtr[many], (ytr - mean)[many]).inplace_predict(Xte)
     return {v: out[v] for v in variants}
 
 

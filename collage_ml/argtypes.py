@@ -25,24 +25,22 @@ def arg(fn: Callable[[str], Any]) -> Callable[[str], Any]:
     return parse
 
 
-def positive_int(text: str) -> int:
+def _int_at_least(text: str, low: int, expected: str) -> int:
     try:
         v = int(text)
     except ValueError:
-        raise ValueError(f"expected a positive integer, got {text!r}") from None
-    if v < 1:
-        raise ValueError(f"expected a positive integer, got {text!r}")
+        raise ValueError(f"expected {expected}, got {text!r}") from None
+    if v < low:
+        raise ValueError(f"expected {expected}, got {text!r}")
     return v
+
+
+def positive_int(text: str) -> int:
+    return _int_at_least(text, 1, "a positive integer")
 
 
 def nonneg_int(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise ValueError(f"expected an integer >= 0, got {text!r}") from None
-    if v < 0:
-        raise ValueError(f"expected an integer >= 0, got {text!r}")
-    return v
+    return _int_at_least(text, 0, "an integer >= 0")
 
 
 def nonneg_float(text: str) -> float:

@@ -12,7 +12,7 @@ from collage_ml.collector.ray_fleet import RAY_TASK_RETRIES, _collect_ray
 from collage_ml.collector.samplers import DEFAULT_SAMPLES_PER_GRAPH, FOCUS_NEEDS_MODEL, _check_sampler, _load_cost_model
 from collage_ml.collector.sharding import DEFAULT_INDUCTOR_FRACTION, _key_tuple, parse_shard
 from collage_ml.collector.sources import _import, parse_batch_sizes, resolve_models
-from collage_ml.collector.summary import CollectSummary, _new_backend_counts, summary_table
+from collage_ml.collector.summary import CollectSummary, _new_backend_counts, print_summary
 from collage_ml.db import default_db_path
 from collage_ml.defaults import MAX_REGION_SIZE
 from collage_ml.errors import CollageError, describe
@@ -178,9 +178,7 @@ def collect(
                          timeout, on_measurement, feedback)
         summary.elapsed_s = _clock() - t_start
         if progress:
-            from rich.console import Console
-
-            Console(stderr=True).print(summary_table(summary))
+            print_summary(summary)
         return summary
     finally:
         if own_db and database is not None:

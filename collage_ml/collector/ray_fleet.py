@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 from typing import Any, Mapping
 
-from collage_ml.collector.summary import CollectSummary, summary_table
+from collage_ml.collector.summary import CollectSummary, print_summary
 from collage_ml.db import default_db_path
 from collage_ml.errors import CollageError, describe
 
@@ -268,9 +268,7 @@ def _collect_ray(
         summary = CollectSummary.combine(parts, db=str(path), shard=None)
         summary.elapsed_s = time.monotonic() - t0
         if progress:
-            from rich.console import Console
-
-            Console(stderr=True).print(summary_table(summary))
+            print_summary(summary)
         return summary
     finally:
         if own_db and database is not None:

@@ -148,3 +148,10 @@ def _fmt_time(seconds: float) -> str:
     h, rem = divmod(seconds, 3600)
     m, sec = divmod(rem, 60)
     return f"{h}h{m:02d}m{sec:02d}s" if h else f"{m}m{sec:02d}s" if m else f"{sec}s"
+
+
+def print_summary(s: CollectSummary) -> None:
+    """The summary table on stderr, as collect prints it at the end of a run (local or Ray)."""
+    from rich.console import Console
+
+    Console(stderr=True).print(summary_table(s))

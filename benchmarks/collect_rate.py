@@ -27,15 +27,16 @@ def main() -> None:
     ap.add_argument("--max-candidates", type=int, default=150)
     ap.add_argument("--max-region-size", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--protocols", default="m1,m2", help="protocols to compare, by name (measure.timing.PROTOCOLS)")
     ap.add_argument("--json", default="benchmarks/results/collect_rate.json")
     args = ap.parse_args()
 
     import collage_ml
     from collage_ml.measure.hardware import hardware_info
     from collage_ml.paths import default_threads
-    from collage_ml.measure.timing import LEGACY, TimingConfig
+    from collage_ml.measure.timing import PROTOCOLS
 
-    protocols = {"m1": LEGACY, "m2": TimingConfig()}
+    protocols = {p: PROTOCOLS[p] for p in args.protocols.split(",")}
     rows: dict[str, list[dict]] = {p: [] for p in protocols}
     for rnd in range(args.rounds):
         order = list(protocols) if rnd % 2 == 0 else list(reversed(protocols))

@@ -36,16 +36,16 @@ TOL = math.log(1.1)
 def protocol_config(name: str, processes: int | None = None):
     from dataclasses import replace
 
-    from collage_ml.measure.timing import LEGACY, TimingConfig
+    from collage_ml.measure.timing import PROTOCOLS, TimingConfig
 
     cfg = {
-        "m1": LEGACY, "m2": TimingConfig(),
+        **PROTOCOLS,
         # experiment arms, never stored: the new protocol with idle CPUs polling, and with one process
         "m2q": TimingConfig(hold_cpu_latency=True, name="m2q"),
         "m2x1": TimingConfig(processes=1, max_processes=1, name="m2x1"),
     }.get(name)
     if cfg is None:
-        raise SystemExit(f"unknown protocol {name!r}: m1, m2, m2q or m2x1")
+        raise SystemExit(f"unknown protocol {name!r}: {', '.join(PROTOCOLS)}, m2q or m2x1")
     return replace(cfg, processes=processes, max_processes=max(cfg.max_processes, processes)) if processes else cfg
 
 

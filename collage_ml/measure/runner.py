@@ -20,11 +20,12 @@ the database for this hardware fingerprint are cache hits and are not run.
 
 from __future__ import annotations
 
+import itertools
 import os
 import sys
 import time
 import traceback
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Iterable, Mapping, Sequence
 
 import numpy as np
@@ -49,9 +50,62 @@ class Task:
     threads: int
     timing: TimingConfig = field(default_factory=TimingConfig)
     tolerance: Tolerance = field(default_factory=Tolerance)
+    #: a token: the worker keeps the compiled candidate under it for the protocol's later windows
+    #: (:class:`RetimeTask`) until a :class:`ReleaseTask` names it; empty: closed after timing
+    keep: str = ""
 
     def execute(self) -> dict:
         return execute(self)
+
+
+_TOKENS = itertools.count()
+
+#: compiled candidates this worker process keeps between the windows of the protocol (``keep_compiled``):
+#: token -> (executable, its arguments)
+_KEPT: dict[str, tuple] = {}
+
+
+@dataclass
+class RetimeTask:
+    """Times a candidate that this worker compiled, checked and kept (:attr:`Task.keep`) once more: one more
+    window of the protocol, without compiling again. ``lost`` in the result: the worker no longer has it
+    (it was restarted since), and the candidate must be compiled again."""
+
+    token: str
+    timing: TimingConfig = field(default_factory=TimingConfig)
+
+    def execute(self) -> dict:
+        from collage_ml.measure.timing import time_callable
+
+        kept = _KEPT.get(self.token)
+        if kept is None:
+            return {"valid": False, "failed": True, "lost": True, "error_text": "the kept candidate is gone"}
+        exe, args = kept
+        try:
+            return {"valid": True, **timing_fields(time_callable(lambda: exe(*args), self.timing))}
+        except MemoryError as e:
+            return {"valid": False, "failed": True, "error_text": f"out of memory: {describe(e, 400)}"}
+        except Exception as e:
+            return {"valid": False, "error_text": f"{describe(e, 400)} (in a later window; the first was valid)"}
+
+
+@dataclass
+class ReleaseTask:
+    """Closes and forgets the kept candidates ``tokens`` in this worker."""
+
+    tokens: list[str]
+
+    def execute(self) -> dict:
+        released = 0
+        for t in self.tokens:
+            kept = _KEPT.pop(t, None)
+            if kept is not None:
+                released += 1
+                try:
+                    kept[0].close()
+                except Exception:  # closing is best effort: the worker goes on either way
+                    pass
+        return {"valid": True, "released": released}
 
 
 def build_backend(spec: tuple[str, str, dict]):
@@ -85,7 +139,10 @@ def execute(task: Task) -> dict:
                 "max_abs_error": cmp.max_abs, "max_rel_error": cmp.max_rel,
             }
         res = time_callable(lambda: exe(*args), task.timing)
-        exe.close()
+        if task.keep:
+            _KEPT[task.keep] = (exe, args)
+        else:
+            exe.close()
         return {
             "valid": True, "compile_seconds": compile_seconds, "max_abs_error": cmp.max_abs,
             "max_rel_error": cmp.max_rel, **timing_fields(res),
@@ -215,16 +272,33 @@ class Runner:
                     on_result(c, cached, True)
                 continue
             todo.setdefault(c.backend.name, {})[key] = c
-        step = max(1, self.timing.pass_chunk)
         for group in todo.values():
-            group_list = list(group.values())
-            for k in range(0, len(group_list), step):
-                chunk = group_list[k:k + step]
+            for chunk in self._chunks(list(group.values()), reference):
                 for c, m in zip(chunk, self.measure_many(chunk, reference, family)):
                     results[c.key] = m
                     if on_result:
                         on_result(c, m, False)
         return [results[c.key] for c in candidates]
+
+    #: under ``keep_compiled``, the most bytes of inputs that the candidates of one pass chunk may hold in a
+    #: worker at once (each kept candidate keeps its inputs, and its compiled form some more)
+    KEEP_BYTES = 1 << 30
+
+    def _chunks(self, group: list[Candidate], reference: Mapping[str, np.ndarray]):
+        """``group`` in chunks of ``timing.pass_chunk`` candidates (and, when compiled candidates are kept, of
+        at most :attr:`KEEP_BYTES` of inputs)."""
+        step = max(1, self.timing.pass_chunk)
+        chunk: list[Candidate] = []
+        held = 0
+        for c in group:
+            size = sum(reference[t].nbytes for t in c.subgraph.inputs if t in reference) if self.timing.keep_compiled else 0
+            if chunk and (len(chunk) >= step or held + size > self.KEEP_BYTES):
+                yield chunk
+                chunk, held = [], 0
+            chunk.append(c)
+            held += size
+        if chunk:
+            yield chunk
 
     def _task(self, c: Candidate, reference: Mapping[str, np.ndarray]) -> Task:
         feeds, expected = c.subgraph.reference_io(reference)
@@ -232,33 +306,53 @@ class Runner:
                     self.threads, self.timing, self.tolerance)
 
     def run_passes(self, backends, tasks: Sequence, timeout: float | None = None) -> list[dict]:
-        """Runs each task (all for ``backends``) by the protocol, in passes (:mod:`.timing`): pass ``p`` times
-        every task that still needs a process in the pool's worker ``p``, after the previous pass has gone
-        through all of them, so a candidate's processes lie seconds apart, not back to back. A task whose
-        two fastest processes agree (or that needs one process) is done. Returns one combined result per task
-        (``median``: the minimum of the per-process medians), or its first failure."""
+        """Runs each task (all for ``backends``) by the protocol, in passes (:mod:`.timing`): pass ``p`` gives
+        every task that still needs a window one more, after the previous pass has gone through all of them,
+        so a candidate's windows lie seconds apart, not back to back. A window is a fresh compile in the pool's
+        worker ``p`` or, under ``keep_compiled``, one more timing of the candidate that worker 0 compiled in
+        pass 0 and kept. A task whose two fastest windows agree (or that needs one) is done. Returns one
+        combined result per task (``median``: the minimum of the per-window medians), or its first failure."""
         cfg = self.timing
         timeout = self.timeout if timeout is None else timeout
+        keep = cfg.keep_compiled
+        tokens = [f"{os.getpid()}-{id(self)}-{next(_TOKENS)}" for _ in tasks] if keep else []
         runs: list[list[dict]] = [[] for _ in tasks]
         final: dict[int, dict] = {}
-        for p in range(max(1, cfg.max_processes)):
-            for i, task in enumerate(tasks):
-                if i in final:
-                    continue
-                rs = runs[i]
-                if rs and len(rs) >= cfg.processes_for(rs[0]["median"]) and processes_agree(
-                        [x["median"] for x in rs], cfg.agree):
-                    final[i] = combine_runs(rs)
-                    continue
-                t = task() if callable(task) else task
-                r = self.worker_for(backends, p).run(t, timeout)
-                if not r.get("valid"):
-                    if rs and not r.get("failed"):
-                        r = {**r, "error_text": f"{r.get('error_text', '')} (in process {p + 1}; process 1 was valid)"}
-                    final[i] = r
-                    continue
-                rs.append(r)
+        try:
+            for p in range(max(1, cfg.max_processes)):
+                for i, task in enumerate(tasks):
+                    if i in final:
+                        continue
+                    rs = runs[i]
+                    if rs and len(rs) >= cfg.processes_for(rs[0]["median"]) and processes_agree(
+                            [x["median"] for x in rs], cfg.agree):
+                        final[i] = combine_runs(rs)
+                        continue
+                    r = self._window(backends, task, p, tokens[i] if keep else "", bool(rs), timeout)
+                    if not r.get("valid"):
+                        if rs and not r.get("failed"):
+                            r = {**r, "error_text": f"{r.get('error_text', '')} (in window {p + 1}; window 1 was valid)"}
+                        final[i] = r
+                        continue
+                    rs.append(r)
+        finally:
+            if keep:
+                worker = self.worker_for(backends, 0)
+                if worker.alive():
+                    worker.run(ReleaseTask(tokens), timeout)
         return [final[i] if i in final else combine_runs(runs[i]) for i in range(len(tasks))]
+
+    def _window(self, backends, task, p: int, token: str, compiled: bool, timeout: float) -> dict:
+        """One window of one task: a fresh compile in worker ``p``, or (``token``) a retiming of the kept one
+        in worker 0, which compiles it again (and keeps it) if the worker has lost it."""
+        if token and compiled:
+            r = self.worker_for(backends, 0).run(RetimeTask(token, self.timing), timeout)
+            if not r.get("lost"):
+                return r
+        t = task() if callable(task) else task
+        if token:
+            t = replace(t, keep=token)
+        return self.worker_for(backends, 0 if token else p).run(t, timeout)
 
     def measure_many(self, chunk: Sequence[Candidate], reference: Mapping[str, np.ndarray], family: str = "") -> list[Measurement]:
         """Measures ``chunk`` (candidates of one backend, none cached) in passes, commits each; in order."""

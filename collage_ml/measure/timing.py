@@ -75,6 +75,9 @@ class TimingConfig:
     pass_chunk: int = 64
     max_pressure: float = 0.10
     contention_retries: int = 1
+    #: a candidate is compiled and checked once, in one worker that keeps it; its later windows time the kept
+    #: candidate again (``m3``), instead of compiling it afresh in another worker process (``m2``)
+    keep_compiled: bool = False
     name: str = PROTOCOL
     #: hold a PM-QoS CPU-latency request of 0 us while timing (``/dev/cpu_dma_latency``; needs root), so idle
     #: CPUs poll instead of halting; an experiment arm of benchmarks/measure_agreement.py, off by default
@@ -92,6 +95,14 @@ LEGACY = TimingConfig(
     min_sample_seconds=0.0, min_seconds=0.0, processes=1, long_processes=1, max_processes=1,
     max_pressure=math.inf, contention_retries=0, name="m1",
 )
+
+
+#: the protocol ``m2``: every later window of a candidate is a fresh compile in another worker process
+M2 = TimingConfig(keep_compiled=False, name="m2")
+#: the protocol ``m3``: ``m2``'s windows and passes, with the candidate compiled and checked once and kept
+M3 = TimingConfig(keep_compiled=True, name="m3")
+#: every protocol by name
+PROTOCOLS = {"m1": LEGACY, "m2": M2, "m3": M3}
 
 
 @dataclass(frozen=True)

@@ -59,3 +59,40 @@ class ModedFixture(OnnxRuntimeBackend):
     def compile(self, sg, threads=1):
         slow = process_index(self.counter) % 2 == 0
         return _Moded(super().compile(sg, threads), (self.slow_us if slow else self.fast_us) * 1e-6)
+
+
+class CountingFixture(OnnxRuntimeBackend):
+    """onnxruntime that appends a line to the file ``counter`` at every compile, in whichever process."""
+
+    name = "test-counting"
+
+    def __init__(self, counter: str = "", **kw):
+        super().__init__(**kw)
+        self.config.update(counter=counter)
+        self.counter = counter
+
+    def _version(self) -> str:
+        return "counting-1"
+
+    def compile(self, sg, threads=1):
+        with open(self.counter, "a") as f:
+            f.write(f"{os.getpid()}\n")
+        return super().compile(sg, threads)
+
+
+def compiles(counter: str) -> int:
+    """How many compiles a :class:`CountingFixture` with this counter file has done."""
+    try:
+        with open(counter) as f:
+            return len(f.read().split())
+    except FileNotFoundError:
+        return 0
+
+
+class KeptCount:
+    """A worker task: how many compiled candidates the worker keeps (``measure.runner``'s store)."""
+
+    def execute(self) -> dict:
+        from collage_ml.measure import runner
+
+        return {"valid": True, "kept": len(runner._KEPT)}

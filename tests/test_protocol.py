@@ -18,9 +18,9 @@ from collage_ml.db import Database
 from collage_ml.ir import from_onnx
 from collage_ml.measure import timing
 from collage_ml.measure.runner import Runner, Worker, combine_runs, processes_agree, worker_path
-from collage_ml.measure.timing import LEGACY, TimingConfig, time_callable
+from collage_ml.measure.timing import LEGACY, M2, M3, TimingConfig, time_callable
 from tests.fake_backends import AbortFixture, HangFixture
-from tests.fake_timing import ModedFixture
+from tests.fake_timing import CountingFixture, KeptCount, ModedFixture, compiles
 from tests.helpers import chain_model
 
 HW = "cpu-test-t2-000000000000"
@@ -114,19 +114,21 @@ def _cand(graph, backend):
 
 
 QUIET = replace(TimingConfig(), max_pressure=float("inf"), contention_retries=0)
+QUIET_M2 = replace(M2, max_pressure=float("inf"), contention_retries=0)
 
 
 def test_per_process_modes_are_seen_through(chain, tmp_path):
-    """The first worker runs in a slow mode (2x), the second in a fast one: the latency is the fast mode."""
+    """Under m2, the first worker runs in a slow mode (2x), the second in a fast one: the latency is the fast
+    mode."""
     b = ModedFixture(counter=str(tmp_path / "counter"), fast_us=300.0, slow_us=600.0)
-    with Runner(threads=1, timing=QUIET) as r:
+    with Runner(threads=1, timing=QUIET_M2) as r:
         (m,) = r.measure([_cand(chain, b)], chain.reference())
     assert m.valid, m.error_text
     pm = m.extra["process_medians"]
     assert len(pm) == 3  # slow, fast, slow: the two fastest never agree, so it stops at max_processes
     assert pm[0] > 1.6 * pm[1] and m.median == min(pm)
     assert 280e-6 < m.median < 420e-6
-    assert m.protocol == PROTOCOL and m.extra["calls_per_sample"] >= 2
+    assert m.protocol == "m2" and m.extra["calls_per_sample"] >= 2
 
 
 def test_one_process_under_the_legacy_protocol(chain, tmp_path):
@@ -135,6 +137,72 @@ def test_one_process_under_the_legacy_protocol(chain, tmp_path):
         (m,) = r.measure([_cand(chain, b)], chain.reference())
     assert m.valid and m.protocol == "m1" and len(m.extra["process_medians"]) == 1
     assert m.median > 500e-6  # the slow first process is all it saw
+
+
+def _cands(graph, backend):
+    return [Candidate(graph.subgraph(nodes), backend, "test") for nodes in ([0, 1], [1, 2], [2, 3])]
+
+
+def test_kept_candidates_are_compiled_once_and_timed_in_several_windows(chain, tmp_path):
+    counter = str(tmp_path / "compiles")
+    b = CountingFixture(counter=counter)
+    with Runner(threads=1, timing=QUIET) as r:
+        ms = r.measure(_cands(chain, b), chain.reference())
+        assert len(r._pools[r._group([b])]) == 1  # one worker did it all
+        assert r.worker_for([b], 0).run(KeptCount(), 30)["kept"] == 0  # released after the chunk
+    assert all(m.valid and m.protocol == "m3" for m in ms), [m.error_text for m in ms]
+    assert all(len(m.extra["process_medians"]) >= 2 for m in ms)  # windows, each with its own median
+    assert all(m.median == min(m.extra["process_medians"]) for m in ms)
+    assert compiles(counter) == 3  # once per candidate; m2 compiles once per window
+
+
+def test_m2_compiles_each_window_afresh(chain, tmp_path):
+    counter = str(tmp_path / "compiles")
+    with Runner(threads=1, timing=QUIET_M2) as r:
+        ms = r.measure(_cands(chain, CountingFixture(counter=counter)), chain.reference())
+    windows = sum(len(m.extra["process_medians"]) for m in ms)
+    assert windows >= 6 and compiles(counter) == windows
+
+
+def test_a_kept_candidate_lost_with_its_worker_is_compiled_again(chain, tmp_path, monkeypatch):
+    """A worker that dies between windows (another candidate crashed it) loses what it kept: the next window
+    compiles the candidate again instead of failing it."""
+    counter = str(tmp_path / "compiles")
+    window = Runner._window
+    killed = []
+
+    def kill_before_second_window(self, backends, task, p, token, compiled, timeout):
+        if p == 1 and not killed:
+            self.worker_for(backends, 0).kill()
+            killed.append(token)
+        return window(self, backends, task, p, token, compiled, timeout)
+
+    monkeypatch.setattr(Runner, "_window", kill_before_second_window)
+    with Runner(threads=1, timing=QUIET) as r:
+        ms = r.measure(_cands(chain, CountingFixture(counter=counter)), chain.reference())
+    assert killed and all(m.valid for m in ms), [m.error_text for m in ms]
+    assert all(len(m.extra["process_medians"]) >= 2 for m in ms)
+    assert compiles(counter) == 3 + len(ms)  # each lost candidate compiled once more, in the fresh worker
+
+
+def test_kept_candidates_see_one_process_only(chain, tmp_path):
+    """The trade m3 makes: one process per candidate, so a mode that lasts a whole process is not seen
+    through (m2's fresh processes see through it: test_per_process_modes_are_seen_through)."""
+    b = ModedFixture(counter=str(tmp_path / "counter"), fast_us=300.0, slow_us=600.0)
+    with Runner(threads=1, timing=QUIET) as r:
+        (m,) = r.measure([_cand(chain, b)], chain.reference())
+    assert m.valid and len(m.extra["process_medians"]) >= 2 and m.median > 500e-6
+
+
+def test_chunks_of_kept_candidates_are_bounded_by_their_inputs(chain, monkeypatch):
+    cands = _cands(chain, CountingFixture(counter=""))
+    ref = chain.reference()
+    with Runner(threads=1, timing=M3) as r:
+        assert [len(c) for c in r._chunks(cands, ref)] == [3]
+        monkeypatch.setattr(Runner, "KEEP_BYTES", 1)  # every candidate alone over the bound: one per chunk
+        assert [len(c) for c in r._chunks(cands, ref)] == [1, 1, 1]
+    with Runner(threads=1, timing=replace(M2, pass_chunk=2)) as r:
+        assert [len(c) for c in r._chunks(cands, ref)] == [2, 1]  # m2 keeps nothing: only pass_chunk counts
 
 
 # ----------------------------------------------------------------------------- the protocol is part of the key

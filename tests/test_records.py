@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from collage_ml.cost import CandidateKey, Measurement
+from collage_ml.cost import PROTOCOL, CandidateKey, Measurement
 from collage_ml.db import _INSERT_MEASUREMENT, SCHEMA_VERSION, Database, _measurement_row
 from collage_ml.measure.records import BoundaryCost, BoundaryKey, PlanTiming, plan_hash
 from collage_ml.measure.timing import TimingConfig
@@ -38,7 +38,7 @@ def boundary(key=KEY, median=1.3e-3, hw=HW, **kw) -> BoundaryCost:
 
 
 def plan_timing(h="p0", runs=((1.0e-3, 0, 100.0),), hw=HW) -> PlanTiming:
-    return PlanTiming(h, hw, "m2", "g0", "chain", {"model": "chain", "partitions": [], "format": 2},
+    return PlanTiming(h, hw, PROTOCOL, "g0", "chain", {"model": "chain", "partitions": [], "format": 2},
                       {"partitions": 2, "backends": ["onnxruntime", "torch"]},
                       [{"status": "valid", "median": m, "samples": [m] * 3, "process": p, "timestamp": ts}
                        for m, p, ts in runs])
@@ -74,7 +74,7 @@ def test_boundary_round_trip_and_failed_rows(tmp_path):
         assert not db.commit_boundary(boundary(median=9e-3))  # a settled key is never overwritten
         got = db.get_boundary(KEY, HW)
         assert got is not None and got.median == pytest.approx(1.3e-3) and got.extra["chain"] == 2e-3
-        assert got.key == KEY and got.protocol == "m2" and got.status == "valid"
+        assert got.key == KEY and got.protocol == PROTOCOL and got.status == "valid"
         assert db.get_boundary(KEY, HW, "m1") is None and db.get_boundary(KEY, "other-hw") is None
         # a failed hand-off is retried: a later failure counts an attempt, a settled result replaces it
         other = BoundaryKey("torch", "2.13.0", "onnxruntime", "1.32.0", 64, "float32[1,16]")
@@ -97,7 +97,7 @@ def test_plan_timing_round_trip_keeps_every_run(tmp_path):
         assert p is not None and p.process_medians == [2.0e-3, 1.5e-3] and p.median == pytest.approx(1.5e-3)
         assert p.valid and p.graph_hash == "g0" and p.summary["backends"] == ["onnxruntime", "torch"]
         assert p.plan["model"] == "chain"
-        bad = PlanTiming("p1", HW, "m2", "g0", runs=[{"status": "invalid", "error_text": "wrong numbers: x",
+        bad = PlanTiming("p1", HW, PROTOCOL, "g0", runs=[{"status": "invalid", "error_text": "wrong numbers: x",
                                                        "process": 0, "timestamp": 1.0}])
         assert db.commit_plan_timing(bad) == 1
         assert [x.plan_hash for x in db.plan_timings(valid=False)] == ["p1"]

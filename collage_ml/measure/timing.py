@@ -10,26 +10,32 @@ its key, so rows timed under another protocol are never mixed in silently):
   ``min_repeats`` samples and ``min_seconds`` of timing are in and the
   interquartile spread is under ``max_spread``, or until ``time_cap`` seconds
   or ``max_repeats`` samples. The process's value is the median sample.
-- *Across processes and time* (``measure.runner.Runner``): the candidate is
-  timed in at least ``processes`` separate worker processes (``long_processes``
-  for candidates slower than ``long_seconds``), and in more, up to
-  ``max_processes``, until the two fastest per-process medians agree within
-  ``agree``. The processes of a batch run in passes over chunks of
-  ``pass_chunk`` candidates of one backend: every candidate's first process,
-  then every candidate's second, so one candidate's processes lie seconds
-  apart. The latency is the minimum of the per-process medians; every
-  per-process value is recorded. On the 2-vCPU VMs this project runs on,
-  multi-threaded kernels have slow episodes that last seconds (the second
-  vCPU is not there when a pool thread needs it; README, "Noise"), so more
-  samples in one window cannot remove them, and another window can.
+- *Across time* (``measure.runner.Runner``): the candidate is timed in at
+  least ``processes`` windows (``long_processes`` for candidates slower than
+  ``long_seconds``), and in more, up to ``max_processes``, until the two
+  fastest window medians agree within ``agree``. The windows of a batch run in
+  passes over chunks of ``pass_chunk`` candidates of one backend: every
+  candidate's first window, then every candidate's second, so one candidate's
+  windows lie seconds apart. The latency is the minimum of the window medians;
+  every window's value is recorded (``extra.process_medians``). On the 2-vCPU
+  VMs this project runs on, multi-threaded kernels have slow episodes that
+  last seconds (the second vCPU is not there when a pool thread needs it;
+  README, "Noise"), so more samples in one window cannot remove them, and
+  another window can. Under ``m3`` (``keep_compiled``, the default) a
+  candidate is compiled and checked once, in one worker that keeps it until
+  its chunk is done, and its later windows time the kept candidate; under
+  ``m2`` every window is a fresh compile in another worker process. The two
+  agree as well across runs on the machines measured, and ``m3`` collects
+  about 1.4 times as fast (README, "Noise").
 - *Contention*: the share of the timing window in which some task waited
   for a CPU (Linux PSI, ``/proc/pressure/cpu``) is recorded with each sample
   run; a window above ``max_pressure`` is re-timed up to
   ``contention_retries`` times, and a measurement that stays contended is
   marked ``contended`` (kept, never used as a clean label).
 
-:data:`LEGACY` is the protocol before this one (``m1``: single calls, stop at
-5 samples under 5% spread, one process), kept for side-by-side benchmarks.
+:data:`LEGACY` is the first protocol (``m1``: single calls, stop at 5 samples
+under 5% spread, one process) and :data:`M2` the second; both are kept for
+side-by-side benchmarks (:data:`PROTOCOLS`).
 
 **Correctness.** Outputs are compared with the reference activations with an
 allclose-style rule per element, ``|got - want| <= atol_eff + rtol * |want|``,
@@ -77,7 +83,7 @@ class TimingConfig:
     contention_retries: int = 1
     #: a candidate is compiled and checked once, in one worker that keeps it; its later windows time the kept
     #: candidate again (``m3``), instead of compiling it afresh in another worker process (``m2``)
-    keep_compiled: bool = False
+    keep_compiled: bool = True
     name: str = PROTOCOL
     #: hold a PM-QoS CPU-latency request of 0 us while timing (``/dev/cpu_dma_latency``; needs root), so idle
     #: CPUs poll instead of halting; an experiment arm of benchmarks/measure_agreement.py, off by default
@@ -89,17 +95,18 @@ class TimingConfig:
         return max(1, min(n, self.max_processes))
 
 
-#: the protocol before :data:`PROTOCOL`: one call per sample, 5 samples under 5% spread, one process
+#: the first protocol: one call per sample, 5 samples under 5% spread, one process
 LEGACY = TimingConfig(
     warmup=2, warmup_seconds=0.02, min_repeats=5, max_repeats=200, max_spread=0.05, time_cap=2.0,
     min_sample_seconds=0.0, min_seconds=0.0, processes=1, long_processes=1, max_processes=1,
-    max_pressure=math.inf, contention_retries=0, name="m1",
+    max_pressure=math.inf, contention_retries=0, keep_compiled=False, name="m1",
 )
 
 
 #: the protocol ``m2``: every later window of a candidate is a fresh compile in another worker process
 M2 = TimingConfig(keep_compiled=False, name="m2")
-#: the protocol ``m3``: ``m2``'s windows and passes, with the candidate compiled and checked once and kept
+#: the protocol ``m3`` (the default, :data:`PROTOCOL`): ``m2``'s windows and passes, with the candidate
+#: compiled and checked once and kept
 M3 = TimingConfig(keep_compiled=True, name="m3")
 #: every protocol by name
 PROTOCOLS = {"m1": LEGACY, "m2": M2, "m3": M3}

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import replace
 import sys
 import tempfile
 import time
@@ -27,7 +28,8 @@ def main() -> None:
     ap.add_argument("--max-candidates", type=int, default=150)
     ap.add_argument("--max-region-size", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--protocols", default="m1,m2", help="protocols to compare, by name (measure.timing.PROTOCOLS)")
+    ap.add_argument("--protocols", default="m1,m2",
+                    help="protocols to compare, by name (measure.timing.PROTOCOLS); NAMExN: at least N windows")
     ap.add_argument("--json", default="benchmarks/results/collect_rate.json")
     args = ap.parse_args()
 
@@ -36,7 +38,14 @@ def main() -> None:
     from collage_ml.paths import default_threads
     from collage_ml.measure.timing import PROTOCOLS
 
-    protocols = {p: PROTOCOLS[p] for p in args.protocols.split(",")}
+    protocols = {}
+    for spec in args.protocols.split(","):
+        name, _, windows = spec.partition("x")  # "m3x3": m3 with at least 3 windows below its long_seconds
+        cfg = PROTOCOLS[name]
+        if windows:
+            n = int(windows)
+            cfg = replace(cfg, processes=n, max_processes=max(cfg.max_processes, n))
+        protocols[spec] = cfg
     rows: dict[str, list[dict]] = {p: [] for p in protocols}
     for rnd in range(args.rounds):
         order = list(protocols) if rnd % 2 == 0 else list(reversed(protocols))

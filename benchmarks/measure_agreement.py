@@ -74,8 +74,11 @@ def pick(models, batches, backends, count: int, max_size: int, seed: int):
     return out
 
 
-def run_once(groups, refs, cfg, threads, seed: int) -> dict:
-    """One independent run: a fresh Runner (fresh workers), candidates in a shuffled order. {(model, batch, key): m}."""
+def run_once(groups, refs, cfg, threads, seed: int, mix: bool = False) -> dict:
+    """One independent run: a fresh Runner (fresh workers), candidates in a shuffled order. {(model, batch, key): m}.
+
+    By default one (model, batch) at a time, as ``collect`` does; ``mix``: every candidate in one call, so
+    a chunk of one backend holds candidates of every model and its windows lie further apart."""
     from collage_ml.measure.runner import Runner
 
     rng = np.random.default_rng(seed)
@@ -84,10 +87,13 @@ def run_once(groups, refs, cfg, threads, seed: int) -> dict:
     with Runner(threads=threads, timing=cfg) as r:
         order = list(groups)
         rng.shuffle(order)
-        for mb in order:
-            g, cands = groups[mb]
-            cands = [cands[i] for i in rng.permutation(len(cands))]
-            for c, m in zip(cands, r.measure(cands, refs[mb])):
+        batches = [[mb for mb in order]] if mix else [[mb] for mb in order]
+        for mbs in batches:
+            tagged = [(mb, c) for mb in mbs for c in groups[mb][1]]
+            tagged = [tagged[i] for i in rng.permutation(len(tagged))]
+            where = {id(c.subgraph.graph): mb for mb, c in tagged}
+            cands = [c for _, c in tagged]
+            for (mb, c), m in zip(tagged, r.measure(cands, lambda c: refs[where[id(c.subgraph.graph)]])):
                 res[(mb[0], mb[1], c.subgraph.hash, c.backend.name)] = m
     return {"results": res, "seconds": time.time() - t0}
 
@@ -148,6 +154,8 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", default="benchmarks/results/measure_agreement.json")
     ap.add_argument("--table-only", action="store_true")
+    ap.add_argument("--mix", action="store_true",
+                    help="measure each run's candidates in one call (chunks of every model), not model by model")
     args = ap.parse_args()
     if args.table_only:
         print_tables(json.loads(Path(args.json).read_text()))
@@ -169,7 +177,8 @@ def main() -> None:
     for rnd in range(2):
         for p in protos:
             cfg = protocol_config(p, args.processes)
-            out = run_once(groups, refs, cfg, threads, seed=args.seed * 100 + rnd * 10 + protos.index(p) + 1)
+            out = run_once(groups, refs, cfg, threads, seed=args.seed * 100 + rnd * 10 + protos.index(p) + 1,
+                           mix=args.mix)
             runs[p].append(out)
             print(f"run {rnd + 1} of {p}: {out['seconds']:.0f} s", file=sys.stderr)
     report = {

@@ -62,7 +62,9 @@ def test_long_calls_are_one_per_sample_and_the_cap_bounds_them():
     cfg = replace(TimingConfig(), max_pressure=float("inf"))
     r = time_callable(clock.fn, cfg, clock=clock)
     assert r.calls_per_sample == 1
-    assert len(r.samples) == 2  # the 0.3 s cap stops it after the second 0.2 s sample
+    assert len(r.samples) == 1  # the 0.1 s cap stops it after the first 0.2 s sample
+    r = time_callable(clock.fn, replace(M2, max_pressure=float("inf")), clock=clock)
+    assert len(r.samples) == 2  # m2's 0.3 s cap after the second
 
 
 def test_legacy_protocol_is_one_call_per_sample_and_five_samples():
@@ -86,8 +88,9 @@ def test_contended_windows_are_retimed_and_marked(monkeypatch):
 
 def test_processes_needed_agree_and_combine():
     cfg = TimingConfig()
-    assert cfg.processes_for(20e-6) == cfg.processes == 2
-    assert cfg.processes_for(0.05) == cfg.long_processes == 1
+    assert cfg.processes_for(20e-6) == cfg.processes == 3
+    assert cfg.processes_for(0.05) == cfg.long_processes == 2
+    assert M2.processes_for(20e-6) == 2 and M2.processes_for(0.05) == 1
     assert processes_agree([1.0], 0.05)
     assert processes_agree([1.04, 1.0, 2.0], 0.05) and not processes_agree([1.0, 1.2], 0.05)
     runs = [
@@ -183,6 +186,17 @@ def test_a_kept_candidate_lost_with_its_worker_is_compiled_again(chain, tmp_path
     assert killed and all(m.valid for m in ms), [m.error_text for m in ms]
     assert all(len(m.extra["process_medians"]) >= 2 for m in ms)
     assert compiles(counter) == 3 + len(ms)  # each lost candidate compiled once more, in the fresh worker
+
+
+def test_candidates_of_several_graphs_in_one_call_each_get_their_own_reference(chain):
+    other = from_onnx(chain_model(seed=1), name="other")  # same structure, other weights: other activations
+    cands = [_cand(chain, CountingFixture(counter="")), Candidate(other.subgraph([2, 3]), CountingFixture(counter=""), "t")]
+    refs = {id(chain): chain.reference(), id(other): other.reference()}
+    with Runner(threads=1, timing=QUIET) as r:
+        ms = r.measure(cands, lambda c: refs[id(c.subgraph.graph)])
+        assert all(m.valid for m in ms), [m.error_text for m in ms]
+        (wrong,) = r.measure([Candidate(other.subgraph([0, 1]), CountingFixture(counter=""), "t")], refs[id(chain)])
+    assert not wrong.valid and "wrong numbers" in wrong.error_text  # the other graph's reference is checked
 
 
 def test_kept_candidates_see_one_process_only(chain, tmp_path):

@@ -253,7 +253,8 @@ class Runner:
     ) -> list[Measurement]:
         """Measures each candidate (cache hits are not re-run); results align with ``candidates``.
 
-        ``reference`` is :meth:`Graph.reference` of the candidates' graph.
+        ``reference`` is :meth:`Graph.reference` of the candidates' graph, or, for candidates of several
+        graphs, a function from a candidate to its graph's reference.
         ``on_result(candidate, measurement, cached)`` is called after each one. Candidates are measured
         one backend per phase, in chunks of ``timing.pass_chunk``, by :meth:`measure_many`.
         """
@@ -291,7 +292,8 @@ class Runner:
         chunk: list[Candidate] = []
         held = 0
         for c in group:
-            size = sum(reference[t].nbytes for t in c.subgraph.inputs if t in reference) if self.timing.keep_compiled else 0
+            ref = reference_of(reference, c)
+            size = sum(ref[t].nbytes for t in c.subgraph.inputs if t in ref) if self.timing.keep_compiled else 0
             if chunk and (len(chunk) >= step or held + size > self.KEEP_BYTES):
                 yield chunk
                 chunk, held = [], 0
@@ -301,7 +303,7 @@ class Runner:
             yield chunk
 
     def _task(self, c: Candidate, reference: Mapping[str, np.ndarray]) -> Task:
-        feeds, expected = c.subgraph.reference_io(reference)
+        feeds, expected = c.subgraph.reference_io(reference_of(reference, c))
         return Task(c.backend.spec(), c.subgraph.to_onnx(check=False).SerializeToString(), feeds, expected,
                     self.threads, self.timing, self.tolerance)
 
@@ -411,6 +413,11 @@ class Runner:
         else:
             self.refused += 1
         return stored
+
+
+def reference_of(reference, c: Candidate) -> Mapping[str, np.ndarray]:
+    """The reference activations for candidate ``c``: ``reference`` itself, or what it gives for ``c``."""
+    return reference(c) if callable(reference) else reference
 
 
 def processes_agree(medians: Sequence[float], tol: float) -> bool:

@@ -222,25 +222,32 @@ def ensure_probes(
     if say:
         say(f"measuring the probe set on {', '.join(b.name for b in todo)} (once per machine and backend)")
     graphs = probe_graphs()
+    refs = {id(g): g.reference(seed=0) for _, g in graphs}
     bar = Bar(progress, transient=True).start().task("probes", len(graphs) * len(todo))
+
+    def record(b, name: str, sg, value: float | None) -> None:
+        out[b.name][name] = value
+        if db is not None:
+            db.commit_probe(runner.hardware, b.name, b.version, runner.timing.name, PROBE_SET_VERSION, name, value,
+                            sg.hash)
+        bar.step()
+
     try:
-        for name, g in graphs:
-            ref = g.reference(seed=0)
-            for b in todo:
+        for b in todo:
+            # every missing probe of a backend in one call, so the protocol's passes spread each probe's windows
+            # over the whole set (one at a time, a probe's windows would run back to back)
+            cands, names = [], {}
+            for name, g in graphs:
                 if name in out[b.name]:
                     bar.step()
-                    continue
-                sg = g.whole()
-                if not all(b.supports(g, n) for n in g.nodes):
-                    value = None
+                elif not all(b.supports(g, n) for n in g.nodes):
+                    record(b, name, g.whole(), None)
                 else:
-                    (m,) = runner.measure([Candidate(sg, b, f"probe:{name}")], ref, family=PROBE_FAMILY)
-                    value = m.median if m.valid else None
-                out[b.name][name] = value
-                if db is not None:
-                    db.commit_probe(runner.hardware, b.name, b.version, runner.timing.name, PROBE_SET_VERSION,
-                                    name, value, sg.hash)
-                bar.step()
+                    c = Candidate(g.whole(), b, f"probe:{name}")
+                    cands.append(c)
+                    names[c.key] = name
+            runner.measure(cands, lambda c: refs[id(c.subgraph.graph)], family=PROBE_FAMILY,
+                           on_result=lambda c, m, cached: record(b, names[c.key], c.subgraph, m.median if m.valid else None))
     finally:
         bar.close()
     return out

@@ -283,3 +283,34 @@ def test_a_mixed_plan_must_beat_the_best_single_backend_plan_by_the_margin():
     assert choose_plan(res(0.879, 0.904), plans, margin=0.0) == "op-level"
     only_mixed = {"op-level": plans["op-level"]}
     assert choose_plan({"op-level": {"median": 1.0}}, only_mixed) == "op-level"
+
+
+class _LabelPlan:
+    """The parts of a Plan that the end-to-end rounds read: a canonical form and the partitions."""
+
+    def __init__(self, name: str):
+        self.name, self.partitions = name, [name]
+
+    def canonical(self):
+        return (self.name,)
+
+
+def test_a_plan_caught_in_a_slow_period_in_round_one_is_timed_again(monkeypatch):
+    """Round one reads plan b 25% behind a (a slow period); round two, in another process, finds b faster.
+    A plan within SECOND_ROUND_MARGIN of the first round's best gets its second look; one far behind does not."""
+    from collage_ml.search import tuner
+
+    reads = {("a", 0): 1.00, ("b", 0): 1.25, ("c", 0): 3.0, ("a", 1): 1.02, ("b", 1): 0.90, ("c", 1): 0.5}
+    calls = []
+
+    def fake_measure_plan(runner, graph, plan, ref, process=0):
+        calls.append((plan.name, process))
+        return {"valid": True, "median": reads[(plan.name, process)]}
+
+    monkeypatch.setattr(tuner, "measure_plan", fake_measure_plan)
+    plans = {k: _LabelPlan(k) for k in "abc"}
+    results, count = tuner._measure_plans_e2e(None, None, plans, {}, lambda s: None)
+    assert tuner.SECOND_ROUND_MARGIN >= 0.25
+    assert ("b", 1) in calls and ("c", 1) not in calls and count == 5
+    assert results["b"]["median"] == 0.90 and results["a"]["median"] == 1.00 and results["c"]["median"] == 3.0
+    assert min(results, key=lambda k: results[k]["median"]) == "b"

@@ -352,9 +352,13 @@ def _fallback_baselines(graph: Graph, backends: Sequence[Backend], have: Sequenc
             if isinstance(b, OnnxRuntimeBackend) and not any(x.backend is b for x in have)]
 
 
-#: a plan slower than the first round's best by more than this fraction is not measured again in round two
-#: (plan latencies repeat within a few percent; a second look cannot change the winner)
-SECOND_ROUND_MARGIN = 0.10
+#: a plan slower than the first round's best by more than this fraction is not measured again in round two.
+#: It was 0.10, on the belief that plan latencies repeat within a few percent; on the 2-vCPU VMs they do not in
+#: a slow period: in an exhaustive placement of resnext50 on the Zen 5 (family 26 model 2, 2026-12-01 19:30 UTC,
+#: ``benchmarks/guided_vs_exhaustive.py --session``) all-OpenVINO read more than 10% behind all-ONNX Runtime
+#: (28.3 ms) in round one, was never timed again, and the plan kept re-timed at 26.1 ms against OpenVINO's
+#: 21.3 ms. Slow periods there shift everything timed in them by up to about 30% (README, "Noise").
+SECOND_ROUND_MARGIN = 0.35
 #: a plan of several partitions wins only if it is faster end to end than the best one-partition plan by more than
 #: this fraction. End-to-end timings of sub-millisecond plans move by more than the gains they are asked to
 #: tell apart: on the Zen 5 (family 26 model 2, 2026-12-01) dcgan's all-OpenVINO plan read 0.904 and 1.033 ms in

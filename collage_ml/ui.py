@@ -5,12 +5,15 @@ bar is shown or a table is built, so the search, the collector and the models ma
 
 - :class:`Bar` is the progress bar over measurements (and over any other items, such as featurized rows).
   It counts invalid results per backend and shows them; disabled, every method is a no-op. It redraws
-  only when it changes, never from a background thread, so it takes no CPU while a kernel is timed.
+  only when it changes, at most every 0.1 s (a burst of steps is drawn once), and has no refresh
+  thread redrawing it while a kernel is timed.
 - :func:`table` builds a rich ``Table`` from a title, column names and rows; :func:`print_table` prints one.
 """
 
 from __future__ import annotations
 
+import threading
+import time
 from typing import Any, Iterable, Sequence
 
 
@@ -31,6 +34,9 @@ class Bar:
         self._p: Any = None
         self._task = None
         self._plan_task = None
+        self._drawn = 0.0  # time.monotonic() of the last draw
+        self._timer: threading.Timer | None = None  # the one pending draw of changes inside MIN_REDRAW_SECONDS
+        self._lock = threading.Lock()
 
     # -- lifetime ----------------------------------------------------------------------------
     def start(self) -> "Bar":
@@ -40,9 +46,43 @@ class Bar:
         return self
 
     def close(self) -> None:
-        if self._p is not None:
-            self._p.stop()
-            self._p = None
+        timer = self._timer
+        if timer is not None:
+            timer.cancel()
+            if timer is not threading.current_thread():
+                timer.join()
+        with self._lock:
+            self._timer = None
+            if self._p is not None:
+                self._p.stop()
+                self._p = None
+
+    #: the least time between two draws: changes inside it are drawn once, when it has passed
+    MIN_REDRAW_SECONDS = 0.1
+
+    def _redraw(self) -> None:
+        """Draws the bar now, or, within :attr:`MIN_REDRAW_SECONDS` of the last draw, once when they have passed;
+        so a burst of steps (a chunk's results, featurized rows) costs one draw, not one per step."""
+        with self._lock:
+            if self._p is None:
+                return
+            wait = self._drawn + self.MIN_REDRAW_SECONDS - time.monotonic()
+            if wait <= 0:
+                self._draw()
+            elif self._timer is None:
+                self._timer = threading.Timer(wait, self._deferred)
+                self._timer.daemon = True
+                self._timer.start()
+
+    def _deferred(self) -> None:
+        with self._lock:
+            self._timer = None
+            if self._p is not None:
+                self._draw()
+
+    def _draw(self) -> None:  # with the lock held
+        self._drawn = time.monotonic()
+        self._p.refresh()
 
     def __enter__(self) -> "Bar":
         return self.start()
@@ -55,7 +95,7 @@ class Bar:
         """Starts (or restarts) the counted task: ``title`` with ``total`` items."""
         if self._p is not None:
             self._task = self._p.add_task(title, total=total, extra=self._invalid_text(), kind="measure")
-            self._p.refresh()
+            self._redraw()
         return self
 
     def step(self, backend: str | None = None, valid: bool = True, advance: int = 1) -> None:
@@ -63,12 +103,14 @@ class Bar:
         if not valid and backend is not None:
             self.invalid[backend] = self.invalid.get(backend, 0) + 1
         if self._p is not None and self._task is not None:
-            self._p.update(self._task, advance=advance, extra=self._invalid_text(), refresh=True)
+            self._p.update(self._task, advance=advance, extra=self._invalid_text())
+            self._redraw()
 
     def phase(self, text: str) -> None:
         """Renames the counted task (e.g. the model and backend being measured)."""
         if self._p is not None and self._task is not None:
-            self._p.update(self._task, description=text, refresh=True)
+            self._p.update(self._task, description=text)
+            self._redraw()
 
     def planning(self, label: str) -> None:
         """Shows an uncounted ``planning <label>`` task (before the counted one has a total)."""
@@ -76,11 +118,13 @@ class Bar:
             return
         if self._plan_task is None:
             self._plan_task = self._p.add_task("planning", total=None, extra="", kind="plan")
-        self._p.update(self._plan_task, description=f"planning {label}", advance=1, refresh=True)
+        self._p.update(self._plan_task, description=f"planning {label}", advance=1)
+        self._redraw()
 
     def planned(self) -> None:
         if self._p is not None and self._plan_task is not None:
-            self._p.update(self._plan_task, total=1, completed=1, visible=False, refresh=True)
+            self._p.update(self._plan_task, total=1, completed=1, visible=False)
+            self._redraw()
 
     def _invalid_text(self) -> str:
         if not self.invalid and not self.rate:
@@ -125,7 +169,7 @@ def _rich_progress(stderr: bool, rate: bool, eta: bool, transient: bool):
         cols += ([TextColumn("ETA")] if rate else []) + [TimeRemainingColumn()]
     cols.append(TextColumn("{task.fields[extra]}"))
     kw = {"console": Console(stderr=True)} if stderr else {}
-    # drawn only when an item is done, never by a refresh thread: on a 2-core machine a bar redrawn 10 times a
+    # drawn by Bar when it changes, never by a refresh thread: on a 2-core machine a bar redrawn 10 times a
     # second while a worker times a kernel is contention, and it turned a guided ResNet-50 placement that
     # measures 2 candidates into one that measured 102-177 (README, "Noise")
     return Progress(*cols, transient=transient, auto_refresh=False, **kw)

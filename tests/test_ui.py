@@ -1,5 +1,6 @@
-"""The progress bar (collage_ml/ui.py): it draws only when it changes, never from a thread of its own,
-because a bar redrawn while a worker times a kernel on a 2-core machine is contention (README, "Noise")."""
+"""The progress bar (collage_ml/ui.py): it draws only when it changes, at most every 0.1 s, never from a
+refresh thread of its own, because a bar redrawn while a worker times a kernel on a 2-core machine is
+contention (README, "Noise"); and a burst of steps costs one draw, not one per step."""
 
 from __future__ import annotations
 
@@ -34,3 +35,16 @@ def test_a_disabled_bar_does_nothing():
     bar.planned()
     bar.close()
     assert bar._p is None and bar.invalid == {"torch": 1}
+
+
+def test_a_burst_of_steps_is_drawn_once_and_its_end_is_drawn():
+    with Bar(True) as bar:
+        bar.task("featurizing", 2000)
+        drawn = []
+        real = bar._p.refresh
+        bar._p.refresh = lambda: (drawn.append(bar._p.tasks[0].completed), real())
+        for _ in range(2000):
+            bar.step()
+        time.sleep(3 * Bar.MIN_REDRAW_SECONDS)
+        assert 1 <= len(drawn) <= 3  # not 2000 draws
+        assert drawn[-1] == 2000  # the burst's end is on screen, not its first step

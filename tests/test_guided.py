@@ -5,9 +5,10 @@ import random
 
 import pytest
 
+from collage_ml.candidates import Candidate
 from collage_ml.search.dp import solve
 from collage_ml.search.guided import GuidedConfig, guided_op_level, kendall_tau
-from tests.test_dp import all_candidates, boundary_fn, random_dag
+from tests.test_dp import A, B, all_candidates, boundary_fn, random_dag
 
 
 def true_costs(cands, seed):
@@ -49,7 +50,8 @@ def test_accurate_model_finds_the_optimum_measuring_little(seed):
     r = random.Random(seed + 100)
     pred = [t * math.exp(r.gauss(0, 0.05)) for t in truth]
     # optimism=1: unmeasured candidates are priced at the lower end of their interval -> the exact optimum
-    res, calls = run(graph, cands, truth, pred, 0.05, bnd_s, GuidedConfig(optimism=1.0))
+    # (min_gain=0: a plan predicted to gain less than 5% is pursued too)
+    res, calls = run(graph, cands, truth, pred, 0.05, bnd_s, GuidedConfig(optimism=1.0, min_gain=0.0))
     assert res.dp.cost == pytest.approx(best.cost, rel=1e-9)
     # the default trusts the calibrated means: near the optimum, fewer measurements
     fast, _ = run(graph, cands, truth, pred, 0.05, bnd_s)
@@ -132,11 +134,54 @@ def test_known_measurements_are_free_and_invalid_ones_are_avoided():
     assert res.new_measurements == len([k for k in res.measured if k not in known])
 
 
+def _with_whole_model(seed):
+    graph = random_dag(8, seed)
+    cands = all_candidates(graph)
+    cands += [Candidate(graph.whole(), b) for b in (A, B)]
+    return graph, cands, true_costs(cands, seed)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_predicted_gain_within_min_gain_is_not_pursued(seed):
+    """The whole model on a backend is measured first; a finer plan predicted to beat it by less than
+    min_gain (5%) is not measured, even where it would really win: below the tuner's margin for a mixed plan."""
+    graph, cands, truth = _with_whole_model(seed)
+    whole = [i for i, c in enumerate(cands) if c.subgraph.mask == graph.all_mask]
+    parts = solve(graph, [c for i, c in enumerate(cands) if i not in whole], [t for i, t in enumerate(truth) if i not in whole])
+    truth = list(truth)
+    for i in whole:  # the whole model costs about what the best finer plan costs
+        truth[i] = parts.cost * (1.02 if cands[i].backend is A else 1.3)
+    pred = list(truth)
+    keep, _ = run(graph, cands, truth, pred, 0.01, lambda a, b, n: 0.0)
+    pursue, _ = run(graph, cands, truth, pred, 0.01, lambda a, b, n: 0.0, GuidedConfig(min_gain=0.0))
+    assert [c.subgraph.mask for c in keep.dp.choice] == [graph.all_mask]  # the measured whole model
+    assert keep.new_measurements == 2  # the whole model on both backends, nothing else
+    assert any("keeping the measured one" in line for line in keep.log)
+    assert pursue.dp.cost == pytest.approx(parts.cost) and pursue.new_measurements > keep.new_measurements
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_gain_beyond_min_gain_is_still_found(seed):
+    graph, cands, truth = _with_whole_model(seed)
+    whole = [i for i, c in enumerate(cands) if c.subgraph.mask == graph.all_mask]
+    parts = solve(graph, [c for i, c in enumerate(cands) if i not in whole], [t for i, t in enumerate(truth) if i not in whole])
+    truth = list(truth)
+    for i in whole:  # the finer plan is 20% faster than the whole model on either backend
+        truth[i] = parts.cost * 1.25
+    r = random.Random(seed)
+    pred = [t * math.exp(r.gauss(0, 0.05)) for t in truth]
+    res, _ = run(graph, cands, truth, pred, 0.05, lambda a, b, n: 0.0)
+    assert res.dp.cost <= parts.cost * 1.05
+    assert all(i in res.measured for i in whole[:2])
+
+
 def test_config_is_checked():
     with pytest.raises(ValueError, match="k must be"):
         GuidedConfig(k=-1)
     with pytest.raises(ValueError, match="measure_budget"):
         GuidedConfig(measure_budget=-2)
+    with pytest.raises(ValueError, match="min_gain"):
+        GuidedConfig(min_gain=1.0)
 
 
 def test_kendall_tau():

@@ -20,8 +20,15 @@ mode would measure in full:
    cost model is least sure of. Then the DP runs again.
 4. It stops when the chosen plan contains only measured candidates (and,
    with ``plan_check``, only measured hand-offs: the tuner prices a backend
-   pair's boundary at 0 until a chosen plan uses it, then measures it). A
-   prediction never stands in for a measurement in the final plan. With
+   pair's boundary at 0 until a chosen plan uses it, then measures it), or
+   when the chosen plan is predicted to beat the best plan measured in full
+   by no more than ``min_gain`` (5%, the tuner's margin for a mixed plan over
+   a single backend, :data:`~collage_ml.search.tuner.MIXED_PLAN_MARGIN`: a
+   smaller gain is inside the predictions' error, and would not be kept end
+   to end either); then it keeps the measured plan. So that such a plan
+   exists from the start, the first round also measures the whole model on
+   the ``k + 1`` backends predicted fastest for it (where a backend can run
+   it whole). A prediction never stands in for a measurement in the final plan. With
    ``optimism`` large enough that the lowered predictions are true lower
    bounds, the plan is optimal for the measured table (every other plan's
    optimistic cost is already no better); ``optimism=0`` trusts the
@@ -63,6 +70,9 @@ class GuidedConfig:
     min_calibration: int = 5  # measurements needed before calibrating and judging the model
     min_tau: float = 0.2  # below this rank agreement with the measurements, fall back to exhaustive
     measure_budget: int | None = None  # new measurements at most (None: no cap)
+    #: a plan with unmeasured candidates is pursued only when it is predicted to beat the best plan already
+    #: measured in full by more than this fraction (0: always); the tuner's margin for a mixed plan
+    min_gain: float = 0.05
 
     def __post_init__(self):
         if self.k < 0:
@@ -71,6 +81,8 @@ class GuidedConfig:
             raise ValueError(f"z must be >= 0, got {self.z}")
         if not self.optimism >= 0:
             raise ValueError(f"optimism must be >= 0, got {self.optimism}")
+        if not 0 <= self.min_gain < 1:
+            raise ValueError(f"min_gain must be in [0, 1), got {self.min_gain}")
         if self.measure_budget is not None and self.measure_budget < 0:
             raise ValueError(f"measure_budget must be >= 0 or None, got {self.measure_budget}")
 
@@ -220,12 +232,24 @@ def guided_op_level(
         if len(pairs) >= cfg.min_calibration:
             tau = kendall_tau([p for _, p, _ in pairs], [m for _, _, m in pairs])
 
+    def measured_plan() -> DPResult | None:
+        """The cheapest cover by measured candidates alone (None: they do not cover the graph yet)."""
+        try:
+            return solve(graph, cands, [measured[keys[i]] if keys[i] in measured else None for i in range(n)],
+                         boundary)
+        except NoCoverError:
+            return None
+
     def optimistic(i: int) -> float | None:
         k = keys[i]
         if k in measured:
             return measured[k]
         return cal.bounds(cands[i].backend.name, float(pred_mean[i]), float(pred_sd[i]), cfg.optimism)[0]
 
+    # the whole model on its predicted-best k+1 backends first: a plan measured in full to hold the others to
+    whole = sorted((i for i, c in enumerate(cands) if c.subgraph.mask == graph.all_mask), key=lambda i: pred_mean[i])
+    if cfg.min_gain > 0:
+        run(whole[: cfg.k + 1])
     while True:
         recalibrate()
         if tau is not None and tau < cfg.min_tau and not fell_back:
@@ -242,6 +266,15 @@ def guided_op_level(
             break
         chosen = {id(c) for c in dp.choice}
         todo = [i for i, c in enumerate(cands) if id(c) in chosen and keys[i] not in measured]
+        if todo and cfg.min_gain > 0:
+            best = measured_plan()
+            if best is not None and dp.cost >= best.cost * (1.0 - cfg.min_gain):
+                if plan_check is not None and plan_check(best):
+                    continue
+                note(f"the best plan with unmeasured candidates is predicted at {dp.cost * 1e3:.3f} ms, within "
+                     f"{cfg.min_gain:.0%} of the measured {best.cost * 1e3:.3f} ms: keeping the measured one")
+                dp = best
+                break
         if not todo:
             if plan_check is not None and plan_check(dp):
                 continue

@@ -295,7 +295,7 @@ class Guided(Strategy):
                     "model_updates": 0, "cost_model": None,
                     "guided": {"rounds": 0, "new_measurements": 0, "fell_back_to_exhaustive": False,
                                "budget_hit": False}}
-        cfg_keys = ("k", "z", "optimism", "prior_spread", "min_calibration", "min_tau", "measure_budget")
+        cfg_keys = ("k", "z", "optimism", "prior_spread", "min_calibration", "min_tau", "measure_budget", "min_gain")
         return {
             "probe_measurements": self.probe_measurements,
             "probe_seconds": self.probe_seconds,

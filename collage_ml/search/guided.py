@@ -10,7 +10,11 @@ mode would measure in full:
    log residual is a bias that shifts that backend's predictions, and the
    90th percentile of the absolute de-biased residuals is a spread added (in
    quadrature) to the model's own uncertainty. Before ``min_calibration``
-   measurements exist, ``prior_spread`` stands in for it.
+   measurements exist, ``prior_spread`` stands in for it, and the median log
+   residual of the few there are shifts every backend's predictions alike:
+   a slow period, or a model that misjudges this machine, moves the first
+   measurements (the whole model on two backends) and the predictions they
+   are compared with by the same factor.
 3. **Re-planning.** The DP runs with measured costs where they exist and,
    elsewhere, the calibrated prediction lowered by ``optimism`` standard
    deviations (``mean * exp(bias - optimism * sd)``). Its plan's unmeasured
@@ -137,10 +141,12 @@ class BiasCorrection:
 
     def fit(self, pairs: Sequence[tuple[str, float, float]]) -> None:
         """``pairs``: (backend, predicted seconds, measured seconds)."""
-        if len(pairs) < self.cfg.min_calibration:
+        if not pairs:
             return
         r = np.array([math.log(m) - math.log(p) for _, p, m in pairs])
         self.global_bias = float(np.median(r))
+        if len(pairs) < self.cfg.min_calibration:  # too few for more: one shift for every backend
+            return
         by: dict[str, list[float]] = {}
         for (b, _, _), x in zip(pairs, r):
             by.setdefault(b, []).append(float(x))

@@ -314,3 +314,21 @@ def test_a_plan_caught_in_a_slow_period_in_round_one_is_timed_again(monkeypatch)
     assert ("b", 1) in calls and ("c", 1) not in calls and count == 5
     assert results["b"]["median"] == 0.90 and results["a"]["median"] == 1.00 and results["c"]["median"] == 3.0
     assert min(results, key=lambda k: results[k]["median"]) == "b"
+
+
+def test_a_whole_model_timing_far_from_its_prediction_is_confirmed_end_to_end():
+    """Guided mode reuses a slow model's native whole-model timing instead of an end-to-end run, except where
+    the timing is far from the prediction: a slow period read nasnet's OpenVINO whole model 1.7x slow."""
+    from collage_ml.candidates import Candidate
+    from collage_ml.featurize.hardware import HardwareDesc
+    from collage_ml.search.guided import BiasCorrection, GuidedConfig
+
+    c = Candidate(random_dag(3, 0).whole(), A)
+    g = Guided(TableModel({c.key: 0.010}, sd=0.05))
+    g.model, g.hw, g.cal = g.spec, HardwareDesc.current(1), BiasCorrection(GuidedConfig())
+    assert not g.surprising(c, 0.011)  # 10% off: inside sqrt(0.05^2 + 0.2^2) before calibration
+    assert g.surprising(c, 0.0176) and g.surprising(c, 0.006)
+    assert not Exhaustive().surprising(c, 1.0)
+    # once calibrated, a backend that reads 1.7x its predictions everywhere is expected to: not a surprise
+    g.cal.fit([("fake-a", 1.0, 1.7)] * 6)
+    assert g.cal.calibrated and not g.surprising(c, 0.0176)

@@ -11,7 +11,8 @@ A strategy answers the questions where exhaustive and guided placement differ; t
 - :meth:`~Strategy.judge_whole_model`: is a whole-model plan that was never measured as a kernel
   worth an end-to-end measurement? (exhaustive mode measured every one.)
 - :attr:`~Strategy.reuse_whole_model_timings`: may a one-partition plan reuse its whole-model
-  candidate's native timing instead of an end-to-end run (slow models only)?
+  candidate's native timing instead of an end-to-end run (slow models only)? :meth:`~Strategy.surprising`
+  names the timings that must be confirmed end to end all the same (far from the prediction).
 - :meth:`~Strategy.graph_level` and :meth:`~Strategy.predict_partition`: how the evolutionary
   search filters individuals and prices a partition nobody measured.
 - :meth:`~Strategy.report_fields`: the report's strategy-specific keys.
@@ -70,6 +71,10 @@ class Strategy:
     def judge_whole_model(self, c: Candidate, best_seconds: float) -> tuple[float | None, bool]:
         """(estimated seconds or None, worth an end-to-end measurement) for an unmeasured baseline."""
         return None, False
+
+    def surprising(self, c: Candidate, seconds: float) -> bool:
+        """Is ``c``'s measured ``seconds`` far enough from what was expected to time it again?"""
+        return False
 
     def graph_level(self, cfg: EvoConfig) -> tuple[EvoConfig, Callable[[float, float | None], bool] | None]:
         """The evolutionary search's config and its ``worth(estimate, best)`` filter (None: measure all)."""
@@ -272,6 +277,14 @@ class Guided(Strategy):
         if not ok:
             self.e2e_skipped += 1
         return est, ok
+
+    def surprising(self, c, seconds):
+        """Farther from the prediction than ``z`` calibrated standard deviations (log space); the prediction
+        is bias-corrected once the run is calibrated, raw before (two whole-model timings, one of them slow,
+        would otherwise move the bias halfway to the slow one)."""
+        m, sd = self._prediction(c)
+        expected = self.cal.adjusted(c.backend.name, m) if self.cal.calibrated else m
+        return abs(math.log(seconds / expected)) > self.cfg.z * self.cal.sd(sd)
 
     def graph_level(self, cfg):
         return replace(cfg, force_seeds=False), self.worth_measuring

@@ -52,8 +52,8 @@ RULES = {
 }
 
 
-def replay(graph, backends, runner, model, hw, cfg: GuidedConfig) -> dict:
-    cands = list(enumerate_candidates(graph, backends, max_region_size=runner_max[0]))
+def replay(graph, backends, runner, model, hw, cfg: GuidedConfig, max_region_size: int) -> dict:
+    cands = list(enumerate_candidates(graph, backends, max_region_size=max_region_size))
     table = {}
     for c in cands:
         m = runner.lookup(c.key)
@@ -75,9 +75,6 @@ def replay(graph, backends, runner, model, hw, cfg: GuidedConfig) -> dict:
     }
 
 
-runner_max = [2]
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--db", required=True)
@@ -89,7 +86,6 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
-    runner_max[0] = args.max_region_size
     models = zoo.names(include_tiny=False) if args.models == "all" else args.models.split(",")
     arts = args.cost_model or ["default"]
     backends = resolve_backends(args.backends)
@@ -110,7 +106,7 @@ def main() -> None:
             rows = out.setdefault(art, {})
             for m in models:
                 graph = import_model(m)
-                rows[m] = {r: replay(graph, backends, runner, model, hw, cfg) for r, cfg in RULES.items()}
+                rows[m] = {r: replay(graph, backends, runner, model, hw, cfg, args.max_region_size) for r, cfg in RULES.items()}
                 a, b = rows[m]["min-gain 0"], rows[m]["default"]
                 t.add_row(m, str(a["candidates"]), *(str(rows[m][r]["measured"]) for r in RULES), f"{a['optimum_ms']:.3f}",
                           *(f"{rows[m][r]['plan_ms'] / rows[m][r]['optimum_ms']:.3f}" for r in RULES),

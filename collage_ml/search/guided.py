@@ -32,10 +32,11 @@ mode would measure in full:
    to end either); then it keeps the measured plan. So that such a plan
    exists from the start, the first round also measures the whole model on
    the ``k + 1`` backends predicted fastest for it (where a backend can run
-   it whole). A prediction never stands in for a measurement in the final plan. With
-   ``optimism`` large enough that the lowered predictions are true lower
-   bounds, the plan is optimal for the measured table (every other plan's
-   optimistic cost is already no better); ``optimism=0`` trusts the
+   it whole). A prediction never stands in for a measurement in the final
+   plan. With ``optimism`` large enough that the lowered predictions are
+   true lower bounds, and ``min_gain`` 0, the plan is optimal for the
+   measured table (every other plan's optimistic cost is already no better;
+   with ``min_gain`` it is within that fraction of the optimum); ``optimism=0`` trusts the
    calibrated means, which measures far less on large graphs, where the sum
    of many per-candidate lower bounds is much looser than the bound of a sum.
 

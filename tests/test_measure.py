@@ -142,3 +142,39 @@ def test_boundary_costs_measured_in_chains(tmp_path):
         again = measure_boundaries(r, backends, sizes=(256,))
         assert len(db.boundaries()) == before  # read back from the database, nothing re-measured
         assert [m.median for m in again] == [m.median for m in ms if m.key.nbytes == 1024]
+
+
+def test_closing_a_runner_asks_every_worker_to_exit_before_waiting_for_any():
+    """Workers exit in parallel: one after the other took 2.3 s for three (benchmarks/runner_close.py)."""
+    from collage_ml.measure.runner import Runner
+
+    calls = []
+
+    class FakeWorker:
+        def __init__(self, name):
+            self.name = name
+
+        def request_stop(self):
+            calls.append(("ask", self.name))
+
+        def stop(self):
+            calls.append(("reap", self.name))
+
+    r = Runner.__new__(Runner)
+    r._pools = {None: [FakeWorker("a"), FakeWorker("b")], "tvm": [FakeWorker("c")]}
+    r.close()
+    assert calls[:3] == [("ask", "a"), ("ask", "b"), ("ask", "c")]
+    assert sorted(calls[3:]) == [("reap", "a"), ("reap", "b"), ("reap", "c")]
+
+
+def test_a_worker_asked_to_stop_exits_and_is_reaped():
+    from collage_ml.measure.worker import Worker
+
+    w = Worker(1)
+    w.start()
+    proc = w.proc
+    w.request_stop()
+    w.request_stop()  # asking twice sends once
+    assert proc.wait(30) == 0
+    w.stop()
+    assert w.proc is None and not w._stopping

@@ -211,9 +211,13 @@ class Runner:
         return self._pools[None][0]
 
     def close(self) -> None:
-        for pool in self._pools.values():
-            for w in pool:
-                w.stop()
+        """Stops every worker: all are asked first, then each is reaped (an exit takes about 0.7 s with the
+        backends loaded; one after the other that was 2 s at the end of every placement)."""
+        workers = [w for pool in self._pools.values() for w in pool]
+        for w in workers:
+            w.request_stop()
+        for w in workers:
+            w.stop()
 
     def _group(self, backends) -> str | None:
         groups = {b.process_group for b in backends} - {None}

@@ -66,6 +66,7 @@ class Worker:
         self.threads = threads
         self.proc: subprocess.Popen | None = None
         self.conn = None
+        self._stopping = False  # asked to exit (request_stop), not yet reaped
 
     def start(self) -> None:
         from multiprocessing.connection import Connection
@@ -128,13 +129,23 @@ class Worker:
             self.conn.close()
         self.proc = None
         self.conn = None
+        self._stopping = False
+
+    def request_stop(self) -> None:
+        """Asks the worker to exit, without waiting (:meth:`stop` waits): a pool stops in parallel."""
+        if self.alive() and not self._stopping:
+            try:
+                self.conn.send(None)
+                self._stopping = True
+            except OSError:
+                pass
 
     def stop(self) -> None:
         if self.alive():
             try:
-                self.conn.send(None)
+                self.request_stop()
                 self.proc.wait(5)
-            except (OSError, BrokenPipeError, subprocess.TimeoutExpired):
+            except subprocess.TimeoutExpired:
                 pass
         self.kill()
 

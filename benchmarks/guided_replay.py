@@ -29,7 +29,6 @@ import json
 import math
 import shutil
 import tempfile
-from dataclasses import replace
 from pathlib import Path
 
 from rich.console import Console

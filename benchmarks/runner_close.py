@@ -8,8 +8,8 @@ takes a noticeable part of a second. This starts ``--workers`` workers, has
 each import the default CPU backends (as a measurement would), and times two
 ways of stopping them, alternately, ``--rounds`` times each: ``sequential``
 (``Worker.stop`` on each in turn, what ``Runner.close`` did before) and
-``parallel`` (``Runner.close`` now: every worker is asked to exit first, then
-each is reaped). It prints the median seconds of each and their ratio.
+``parallel`` (``worker.stop_all``, which ``Runner.close`` calls: every worker
+is asked to exit first, then each is reaped). It prints the median seconds of each and their ratio.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import sys
 import time
 from pathlib import Path
 
-from collage_ml.measure.worker import Worker
+from collage_ml.measure.worker import Worker, stop_all
 
 
 class _ImportBackends:
@@ -53,13 +53,6 @@ def sequential(ws: list[Worker]) -> None:
         w.stop()
 
 
-def parallel(ws: list[Worker]) -> None:
-    for w in ws:
-        w.request_stop()
-    for w in ws:
-        w.stop()
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--workers", type=int, default=3)
@@ -67,7 +60,7 @@ def main() -> None:
     args = ap.parse_args()
     times: dict[str, list[float]] = {"sequential": [], "parallel": []}
     for _ in range(args.rounds):
-        for name, stop in (("sequential", sequential), ("parallel", parallel)):
+        for name, stop in (("sequential", sequential), ("parallel", stop_all)):
             ws = _pool(args.workers)
             t = time.perf_counter()
             stop(ws)

@@ -170,13 +170,12 @@ class Tuner:
             # 2026-12-01) a slow period read nasnet's whole model on OpenVINO at 17.6 ms in both its windows
             # (10.1 ms before and after), and guided kept ONNX Runtime's 13.4 ms plan
             whole = {c.backend.name: c for c in baselines}
-            whole_cost = {c.backend.name: cost_of.get(c.key) for c in baselines}
             for label, pl in plans.items():
-                cost = whole_cost.get(pl.partitions[0].backend) if len(pl.partitions) == 1 else None
+                c = whole.get(pl.partitions[0].backend) if len(pl.partitions) == 1 else None
+                cost = cost_of.get(c.key) if c is not None else None
                 if (cost is not None and cost >= REUSE_WHOLE_MODEL_TIMING_ABOVE
-                        and not self.strategy.surprising(whole[pl.partitions[0].backend], cost)):
-                    known_plans[label] = {"valid": True, "median": whole_cost[pl.partitions[0].backend],
-                                          "source": "whole-model candidate"}
+                        and not self.strategy.surprising(c, cost)):
+                    known_plans[label] = {"valid": True, "median": cost, "source": "whole-model candidate"}
         results, e2e_count = _measure_plans_e2e(runner, graph, plans, p.ref, say, known_plans)
         evo = None
         region_names = [b.name for b in backends if any(pt.kind == "region" for pt in b.patterns)]

@@ -92,6 +92,10 @@ def main() -> None:
     out: dict = {}
     tmp = tempfile.TemporaryDirectory()  # the runner registers this machine: a copy, never the dataset itself
     copy = Path(tmp.name) / "replay.db"
+    if not Path(args.db).is_file():
+        raise SystemExit(f"guided_replay: no database at {args.db}")
+    with Database(args.db, readonly=True):  # a corrupt file is reported under its own name, not the copy's
+        pass
     shutil.copyfile(args.db, copy)
     with Database(copy) as db, Runner(db=db, threads=args.threads) as runner:
         hw = calibrated(runner, backends)  # the probes are in the database: nothing is timed
@@ -122,4 +126,9 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from collage_ml.errors import CollageError
+
+    try:
+        main()
+    except CollageError as e:  # a corrupt database, an artifact of another schema, a missing backend: one line
+        raise SystemExit(f"guided_replay: {e}")

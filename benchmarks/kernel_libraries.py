@@ -135,7 +135,8 @@ def pick_subgraphs(models: list[str], batches: list[int], per_kind: int, seed: i
 
 def measure_round(backend, subgraphs, threads: int, timeout: float) -> dict:
     """{subgraph id: result dict} from one fresh worker process for ``backend``."""
-    from collage_ml.measure.runner import Task, Worker
+    from collage_ml.measure.runner import Worker
+    from collage_ml.measure.tasks import Task
 
     out = {}
     worker = Worker(threads)

@@ -91,9 +91,9 @@ def compiles(counter: str) -> int:
 
 
 class KeptCount:
-    """A worker task: how many compiled candidates the worker keeps (``measure.runner``'s store)."""
+    """A worker task: how many compiled candidates the worker keeps (``measure.tasks``' store)."""
 
     def execute(self) -> dict:
-        from collage_ml.measure import runner
+        from collage_ml.measure import tasks
 
-        return {"valid": True, "kept": len(runner._KEPT)}
+        return {"valid": True, "kept": len(tasks._KEPT)}

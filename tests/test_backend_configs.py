@@ -33,7 +33,8 @@ from collage_ml.cost import Measurement
 from collage_ml.db import Database
 from collage_ml.errors import BackendError
 from collage_ml.ir import from_onnx, import_model
-from collage_ml.measure.runner import Runner, Task, build_backend, execute
+from collage_ml.measure.runner import Runner
+from collage_ml.measure.tasks import Task, build_backend, execute
 from collage_ml.measure.timing import TimingConfig, compare
 from collage_ml.plan import Plan
 from tests.helpers import assert_compiled_matches_reference, chain_model
@@ -255,7 +256,7 @@ def test_spec_round_trip(name):
 
 
 def test_worker_task_rebuilds_a_configuration():
-    """``measure.runner.execute`` (what a worker runs) compiles, checks and times a configured backend."""
+    """``measure.tasks.execute`` (what a worker runs) compiles, checks and times a configured backend."""
     g = from_onnx(chain_model())
     sg = g.whole()
     feeds, expected = sg.reference_io(g.reference())

@@ -300,6 +300,17 @@ def test_max_candidates_and_budget_are_respected(tmp_path, monkeypatch):
     assert s.measured == 0 and s.stopped == "max_candidates"
 
 
+def test_an_interleaving_protocol_measures_the_same_plan_and_keeps_the_cap(full, tmp_path):
+    """Under ``interleave`` one call holds a chunk of every backend: the same candidates end up stored, and
+    ``max_candidates`` still caps the total, not each backend's share."""
+    kw = {**KW, "timing": replace(FAST, interleave=True, pass_chunk=4)}
+    s = collect(**kw, db=tmp_path / "capped.db", max_candidates=5)
+    assert s.measured == 5 and s.stopped == "max_candidates"
+    s = collect(**kw, db=tmp_path / "all.db")
+    assert s.stopped == "complete" and s.measured == full[1].measured
+    assert db_keys(tmp_path / "all.db") == db_keys(full[0])
+
+
 def test_sources_too_large_for_memory_are_skipped_with_a_reason(tmp_path):
     p = plan(**PLAN_KW, max_reference_bytes=1)
     assert p.planned == 0 and len(p.skipped) == 1 and "dcgan-tiny" in p.skipped[0]

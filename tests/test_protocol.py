@@ -174,11 +174,11 @@ def test_a_kept_candidate_lost_with_its_worker_is_compiled_again(chain, tmp_path
     window = Runner._window
     killed = []
 
-    def kill_before_second_window(self, backends, task, p, token, compiled, timeout):
+    def kill_before_second_window(self, backends, task, p, token, compiled, timeout, switched=False):
         if p == 1 and not killed:
             self.worker_for(backends, 0).kill()
             killed.append(token)
-        return window(self, backends, task, p, token, compiled, timeout)
+        return window(self, backends, task, p, token, compiled, timeout, switched)
 
     monkeypatch.setattr(Runner, "_window", kill_before_second_window)
     with Runner(threads=1, timing=QUIET) as r:
@@ -206,6 +206,63 @@ def test_kept_candidates_see_one_process_only(chain, tmp_path):
     with Runner(threads=1, timing=QUIET) as r:
         (m,) = r.measure([_cand(chain, b)], chain.reference())
     assert m.valid and len(m.extra["process_medians"]) >= 2 and m.median > 500e-6
+
+
+class _OtherCounting(CountingFixture):
+    name = "test-counting-b"
+
+
+def _window_order(monkeypatch) -> list:
+    """Records (backend, pass, switched) for every window the Runner times."""
+    window = Runner._window
+    seen: list = []
+
+    def record(self, backends, task, p, token, compiled, timeout, switched=False):
+        seen.append((backends[0].name, p, switched))
+        return window(self, backends, task, p, token, compiled, timeout, switched)
+
+    monkeypatch.setattr(Runner, "_window", record)
+    return seen
+
+
+@pytest.mark.parametrize("interleave", [False, True])
+def test_interleaved_passes_put_every_backend_between_a_candidates_windows(chain, monkeypatch, interleave):
+    """m4 gives every backend's chunk its window of pass p before any gets pass p + 1, so one candidate's
+    windows lie a whole round of backends apart; m3 finishes one backend before the next. The first window
+    after a switch of backend is marked, for its longer warm-up."""
+    seen = _window_order(monkeypatch)
+    a, b = CountingFixture(counter=""), _OtherCounting(counter="")
+    cfg = replace(QUIET, interleave=interleave, processes=2, long_processes=2, max_processes=2, agree=10.0)
+    with Runner(threads=1, timing=cfg) as r:
+        ms = r.measure(_cands(chain, a) + _cands(chain, b), chain.reference())
+        assert r.worker_for([a], 0).run(KeptCount(), 30)["kept"] == 0  # every chunk released
+    assert all(m.valid and len(m.extra["process_medians"]) == 2 for m in ms), [m.error_text for m in ms]
+    A, B = a.name, b.name
+    if interleave:
+        assert [(n, p) for n, p, _ in seen] == [(A, 0)] * 3 + [(B, 0)] * 3 + [(A, 1)] * 3 + [(B, 1)] * 3
+        assert [s for _, _, s in seen] == [False, False, False, True, False, False, True, False, False, True, False, False]
+    else:
+        assert [(n, p) for n, p, _ in seen] == [(A, 0)] * 3 + [(A, 1)] * 3 + [(B, 0)] * 3 + [(B, 1)] * 3
+        assert [s for _, _, s in seen].count(True) == 0  # a new phase starts a new pass loop
+
+
+def test_a_switch_of_backend_warms_up_longer(chain, monkeypatch):
+    sent = []
+    run = Worker.run
+
+    def spy(self, task, timeout):
+        t = getattr(task, "timing", None)
+        if t is not None:
+            sent.append(t.warmup_seconds)
+        return run(self, task, timeout)
+
+    monkeypatch.setattr(Worker, "run", spy)
+    cfg = replace(QUIET, interleave=True, processes=1, long_processes=1, max_processes=1, switch_warmup=0.03)
+    with Runner(threads=1, timing=cfg) as r:
+        ms = r.measure(_cands(chain, CountingFixture(counter="")) + _cands(chain, _OtherCounting(counter="")),
+                       chain.reference())
+    assert all(m.valid for m in ms)
+    assert sent == [cfg.warmup_seconds] * 3 + [0.03] + [cfg.warmup_seconds] * 2
 
 
 def test_chunks_of_kept_candidates_are_bounded_by_their_inputs(chain, monkeypatch):

@@ -48,14 +48,16 @@ class TableRunner(Runner):
     def worker_for(self, backends, index=0):
         return _NoWorker()
 
-    def measure_many(self, chunk, reference, family=""):
+    def measure_chunks(self, chunks, reference, family=""):
         out = []
-        for c in chunk:
-            self.runs[c.key] += 1
-            t = self.costs[c.key]
-            r = ({"valid": True, "median": t, "samples": [t], "spread": 0.0} if t is not None
-                 else {"valid": False, "error_text": "the table says invalid"})
-            out.append(self._measurement(c, r, family))
+        for chunk in chunks:
+            out.append([])
+            for c in chunk:
+                self.runs[c.key] += 1
+                t = self.costs[c.key]
+                r = ({"valid": True, "median": t, "samples": [t], "spread": 0.0} if t is not None
+                     else {"valid": False, "error_text": "the table says invalid"})
+                out[-1].append(self._measurement(c, r, family))
         return out
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections import deque
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
@@ -226,23 +227,26 @@ def _measure(
             groups: dict[int, list] = {}
             for it in work.items:
                 groups.setdefault(it[1], []).append(it)
-            for bi in sorted(groups):  # one backend per phase, in the order the backends were given
-                backend = p.backends[bi]
-                prog.phase(f"{work.label} · {backend.name}")
-                items = groups[bi]
-                pos = 0
-                while pos < len(items):  # in chunks: the protocol's passes spread each candidate's processes
-                    if (why := stop_reason()) is not None:
-                        summary.stopped = why
-                        break
+            # one backend per phase, in the order the backends were given; under the protocol's ``interleave``
+            # one chunk of every backend per call, their passes interleaved by the runner
+            queues = {bi: deque(groups[bi]) for bi in sorted(groups)}
+            while queues and summary.stopped == "complete":
+                if (why := stop_reason()) is not None:
+                    summary.stopped = why
+                    break
+                turn = list(queues) if runner.timing.interleave else [next(iter(queues))]
+                prog.phase(f"{work.label} · " + ("all backends" if len(turn) > 1 else p.backends[turn[0]].name))
+                chunk = []
+                for bi in turn:  # in chunks: the protocol's passes spread each candidate's windows
                     room = runner.timing.pass_chunk
                     if max_candidates is not None:
-                        room = max(1, min(room, max_candidates - summary.measured))
-                    chunk = []
-                    while pos < len(items) and len(chunk) < room:
-                        mask, _, pattern, key = items[pos]
-                        pos += 1
-                        c = Candidate(SubGraph(graph, mask), backend, pattern)
+                        room = min(room, max_candidates - summary.measured - len(chunk))
+                        if room <= 0:
+                            break
+                    items, taken = queues[bi], 0
+                    while items and taken < room:
+                        mask, _, pattern, key = items.popleft()
+                        c = Candidate(SubGraph(graph, mask), p.backends[bi], pattern)
                         if _key_tuple(c.key) != key:  # the re-imported graph must be the planned one
                             raise CollageError(
                                 f"{work.label} changed between planning and measuring (a node set hashes "
@@ -250,26 +254,29 @@ def _measure(
                             )
                         if runner.lookup(CandidateKey(*key)) is not None:  # another process measured it meanwhile
                             summary.cache_hits += 1
-                            summary.by_backend[backend.name]["cache_hits"] += 1
+                            summary.by_backend[c.backend.name]["cache_hits"] += 1
                             done += 1
                             prog.step()
                             continue
                         chunk.append(c)
-                    new: dict = {}
-                    ms = tuner.measure(chunk, reference, work.family, on_result=lambda c, m, n: new.update({c.key: n}))
-                    for c, m in zip(chunk, ms):
-                        done += 1
-                        if not new[c.key]:  # another process committed it first
-                            summary.cache_hits += 1
-                            summary.by_backend[backend.name]["cache_hits"] += 1
-                            prog.step()
-                            continue
-                        summary._record(backend.name, work.family, m.valid)
-                        if on_measurement is not None:
-                            on_measurement(m)
-                        prog.step(backend.name, m.valid)
-                if summary.stopped != "complete":
-                    break
+                        taken += 1
+                    if not items:
+                        del queues[bi]
+                if not chunk:
+                    continue
+                new: dict = {}
+                ms = tuner.measure(chunk, reference, work.family, on_result=lambda c, m, n: new.update({c.key: n}))
+                for c, m in zip(chunk, ms):
+                    done += 1
+                    if not new[c.key]:  # another process committed it first
+                        summary.cache_hits += 1
+                        summary.by_backend[c.backend.name]["cache_hits"] += 1
+                        prog.step()
+                        continue
+                    summary._record(c.backend.name, work.family, m.valid)
+                    if on_measurement is not None:
+                        on_measurement(m)
+                    prog.step(c.backend.name, m.valid)
             if tuner.flush(work.family):
                 summary.model_updates += 1
             del reference, graph

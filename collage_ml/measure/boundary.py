@@ -57,7 +57,7 @@ class BoundaryTask:
 
     def execute(self) -> dict:
         from collage_ml.backends.base import to_numpy
-        from collage_ml.measure.runner import build_backend
+        from collage_ml.measure.tasks import build_backend
         from collage_ml.measure.timing import time_callable
 
         try:

@@ -56,7 +56,7 @@ class PlanTask:
             if not cmp.ok:
                 return {"valid": False, "error_text": f"wrong numbers: {cmp.detail}", "max_abs_error": cmp.max_abs}
             res = time_callable(lambda: pm.run(self.feeds), self.timing)
-            from collage_ml.measure.runner import timing_fields
+            from collage_ml.measure.tasks import timing_fields
 
             return {
                 "valid": True, "max_abs_error": cmp.max_abs, "compile_seconds": compile_seconds,

@@ -233,10 +233,11 @@ def ensure_probes(
         bar.step()
 
     try:
+        # every missing probe of every backend in one call, so the protocol's passes spread each probe's windows
+        # over the whole set (one at a time, a probe's windows would run back to back); the runner still
+        # measures one backend per phase, or interleaves their passes where the protocol says so
+        cands, names = [], {}
         for b in todo:
-            # every missing probe of a backend in one call, so the protocol's passes spread each probe's windows
-            # over the whole set (one at a time, a probe's windows would run back to back)
-            cands, names = [], {}
             for name, g in graphs:
                 if name in out[b.name]:
                     bar.step()
@@ -246,8 +247,9 @@ def ensure_probes(
                     c = Candidate(g.whole(), b, f"probe:{name}")
                     cands.append(c)
                     names[c.key] = name
-            runner.measure(cands, lambda c: refs[id(c.subgraph.graph)], family=PROBE_FAMILY,
-                           on_result=lambda c, m, cached: record(b, names[c.key], c.subgraph, m.median if m.valid else None))
+        runner.measure(cands, lambda c: refs[id(c.subgraph.graph)], family=PROBE_FAMILY,
+                       on_result=lambda c, m, cached: record(c.backend, names[c.key], c.subgraph,
+                                                             m.median if m.valid else None))
     finally:
         bar.close()
     return out

@@ -13,7 +13,10 @@ goes on with a fresh worker. The worker processes themselves are
 :mod:`.worker`'s.
 
 Candidates are grouped by backend and measured one backend per phase, since
-a runtime's idle threads slow the next runtime's calls (STACK-NOTES.md). Every
+a runtime's idle threads slow the next runtime's calls (STACK-NOTES.md); a
+protocol with ``interleave`` (``m4``, an experiment arm) interleaves the
+passes of one chunk of every backend instead, with a longer warm-up at each
+switch. Every
 measurement is committed to the database as it arrives; candidates already in
 the database for this hardware fingerprint are cache hits and are not run.
 """
@@ -23,148 +26,20 @@ from __future__ import annotations
 import itertools
 import os
 import sys
-import time
-import traceback
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 
 from collage_ml.candidates import Candidate
 from collage_ml.cost import CandidateKey, Measurement
-from collage_ml.errors import BackendError, describe
+from collage_ml.errors import BackendError
+from collage_ml.measure.tasks import ReleaseTask, RetimeTask, Task
 from collage_ml.measure.timing import Tolerance, TimingConfig
 from collage_ml.measure.worker import Worker, _worker_main, stop_all, worker_path  # noqa: F401  (re-exported)
 from collage_ml.paths import default_threads  # collector/ still imports it from here
 
-
-
-@dataclass
-class Task:
-    """Everything a worker needs to measure one candidate (picklable)."""
-
-    backend_spec: tuple[str, str, dict]
-    onnx_bytes: bytes
-    feeds: dict[str, np.ndarray]
-    expected: dict[str, np.ndarray]
-    threads: int
-    timing: TimingConfig = field(default_factory=TimingConfig)
-    tolerance: Tolerance = field(default_factory=Tolerance)
-    #: a token: the worker keeps the compiled candidate under it for the protocol's later windows
-    #: (:class:`RetimeTask`) until a :class:`ReleaseTask` names it; empty: closed after timing
-    keep: str = ""
-
-    def execute(self) -> dict:
-        return execute(self)
-
-
 _TOKENS = itertools.count()
-
-#: compiled candidates this worker process keeps between the windows of the protocol (``keep_compiled``):
-#: token -> (executable, its arguments)
-_KEPT: dict[str, tuple] = {}
-
-
-@dataclass
-class RetimeTask:
-    """Times a candidate that this worker compiled, checked and kept (:attr:`Task.keep`) once more: one more
-    window of the protocol, without compiling again. ``lost`` in the result: the worker no longer has it
-    (it was restarted since), and the candidate must be compiled again."""
-
-    token: str
-    timing: TimingConfig = field(default_factory=TimingConfig)
-
-    def execute(self) -> dict:
-        from collage_ml.measure.timing import time_callable
-
-        kept = _KEPT.get(self.token)
-        if kept is None:
-            return {"valid": False, "failed": True, "lost": True, "error_text": "the kept candidate is gone"}
-        exe, args = kept
-        try:
-            return {"valid": True, **timing_fields(time_callable(lambda: exe(*args), self.timing))}
-        except MemoryError as e:
-            return {"valid": False, "failed": True, "error_text": f"out of memory: {describe(e, 400)}"}
-        except Exception as e:
-            return {"valid": False, "error_text": f"{describe(e, 400)} (in a later window; the first was valid)"}
-
-
-@dataclass
-class ReleaseTask:
-    """Closes and forgets the kept candidates ``tokens`` in this worker."""
-
-    tokens: list[str]
-
-    def execute(self) -> dict:
-        released = 0
-        for t in self.tokens:
-            kept = _KEPT.pop(t, None)
-            if kept is not None:
-                released += 1
-                try:
-                    kept[0].close()
-                except Exception:  # closing is best effort: the worker goes on either way
-                    pass
-        return {"valid": True, "released": released}
-
-
-def build_backend(spec: tuple[str, str, dict]):
-    """A backend from its spec, on the channel between a process and its own workers (trusted)."""
-    from collage_ml.backends.base import Backend
-
-    return Backend.from_spec(spec, trusted=True)
-
-
-def execute(task: Task) -> dict:
-    """Compiles, checks and times one candidate in this process. Never raises."""
-    import onnx
-
-    from collage_ml.backends.base import to_numpy
-    from collage_ml.ir.importers import from_onnx
-    from collage_ml.measure.timing import compare, time_callable
-
-    try:
-        backend = build_backend(task.backend_spec)
-        graph = from_onnx(onnx.load_from_string(task.onnx_bytes), name="candidate")
-        sg = graph.whole()
-        t0 = time.perf_counter()
-        exe = backend.compile(sg, threads=task.threads)
-        compile_seconds = time.perf_counter() - t0
-        args = [task.feeds[n] for n in exe.input_names]
-        outs = exe(*args)
-        cmp = compare([to_numpy(o) for o in outs], task.expected, list(exe.output_names), task.tolerance)
-        if not cmp.ok:
-            return {
-                "valid": False, "error_text": f"wrong numbers: {cmp.detail}", "compile_seconds": compile_seconds,
-                "max_abs_error": cmp.max_abs, "max_rel_error": cmp.max_rel,
-            }
-        res = time_callable(lambda: exe(*args), task.timing)
-        if task.keep:
-            _KEPT[task.keep] = (exe, args)
-        else:
-            exe.close()
-        return {
-            "valid": True, "compile_seconds": compile_seconds, "max_abs_error": cmp.max_abs,
-            "max_rel_error": cmp.max_rel, **timing_fields(res),
-        }
-    except MemoryError as e:  # a fact about this run (the machine's memory), not about the backend
-        return {"valid": False, "failed": True, "error_text": f"out of memory: {describe(e, 400)}"}
-    except Exception as e:
-        last = traceback.extract_tb(e.__traceback__)[-1:] if e.__traceback__ else []
-        where = f" at {os.path.basename(last[0].filename)}:{last[0].lineno}" if last else ""
-        return {"valid": False, "error_text": f"{describe(e, 400)}{where}"}
-
-
-def timing_fields(res) -> dict:
-    """A worker's result fields for one :class:`~collage_ml.measure.timing.TimingResult`."""
-    try:
-        cpus = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):  # pragma: no cover - not Linux
-        cpus = os.cpu_count() or 1
-    return {
-        "samples": res.samples, "median": res.median, "spread": res.spread, "calls_per_sample": res.calls_per_sample,
-        "pressure": res.pressure, "retimed": res.retimed, "contended": res.contended, "cpus_available": cpus,
-    }
 
 
 class Runner:
@@ -255,7 +130,8 @@ class Runner:
         ``reference`` is :meth:`Graph.reference` of the candidates' graph, or, for candidates of several
         graphs, a function from a candidate to its graph's reference.
         ``on_result(candidate, measurement, cached)`` is called after each one. Candidates are measured
-        one backend per phase, in chunks of ``timing.pass_chunk``, by :meth:`measure_many`.
+        in chunks of ``timing.pass_chunk`` of one backend, by :meth:`measure_chunks`: one backend per phase,
+        or, under ``timing.interleave``, one chunk of every backend at a time with their passes interleaved.
         """
         family = self.family if family is None else family
         results: dict[CandidateKey, Measurement] = {}
@@ -272,9 +148,15 @@ class Runner:
                     on_result(c, cached, True)
                 continue
             todo.setdefault(c.backend.name, {})[key] = c
-        for group in todo.values():
-            for chunk in self._chunks(list(group.values()), reference):
-                for c, m in zip(chunk, self.measure_many(chunk, reference, family)):
+        budget = self.KEEP_BYTES // max(1, len(todo) if self.timing.interleave else 1)
+        streams = [list(self._chunks(list(group.values()), reference, budget)) for group in todo.values()]
+        if self.timing.interleave:  # one chunk of every backend at a time, their passes interleaved
+            rounds = [[ch for ch in rnd if ch] for rnd in itertools.zip_longest(*streams, fillvalue=None)]
+        else:  # one backend per phase
+            rounds = [[ch] for stream in streams for ch in stream]
+        for chunks in rounds:
+            for chunk, ms in zip(chunks, self.measure_chunks(chunks, reference, family)):
+                for c, m in zip(chunk, ms):
                     results[c.key] = m
                     if on_result:
                         on_result(c, m, False)
@@ -284,16 +166,17 @@ class Runner:
     #: worker at once (each kept candidate keeps its inputs, and its compiled form some more)
     KEEP_BYTES = 1 << 30
 
-    def _chunks(self, group: list[Candidate], reference: Mapping[str, np.ndarray]):
+    def _chunks(self, group: list[Candidate], reference: Mapping[str, np.ndarray], budget: int | None = None):
         """``group`` in chunks of ``timing.pass_chunk`` candidates (and, when compiled candidates are kept, of
-        at most :attr:`KEEP_BYTES` of inputs)."""
+        at most ``budget`` bytes of inputs, :attr:`KEEP_BYTES` by default)."""
+        budget = self.KEEP_BYTES if budget is None else budget
         step = max(1, self.timing.pass_chunk)
         chunk: list[Candidate] = []
         held = 0
         for c in group:
             ref = reference_of(reference, c)
             size = sum(ref[t].nbytes for t in c.subgraph.inputs if t in ref) if self.timing.keep_compiled else 0
-            if chunk and (len(chunk) >= step or held + size > self.KEEP_BYTES):
+            if chunk and (len(chunk) >= step or held + size > budget):
                 yield chunk
                 chunk, held = [], 0
             chunk.append(c)
@@ -307,21 +190,30 @@ class Runner:
                     self.threads, self.timing, self.tolerance)
 
     def run_passes(self, backends, tasks: Sequence, timeout: float | None = None) -> list[dict]:
-        """Runs each task (all for ``backends``) by the protocol, in passes (:mod:`.timing`): pass ``p`` gives
-        every task that still needs a window one more, after the previous pass has gone through all of them,
-        so a candidate's windows lie seconds apart, not back to back. A window is a fresh compile in the pool's
-        worker ``p`` or, under ``keep_compiled``, one more timing of the candidate that worker 0 compiled in
-        pass 0 and kept. A task whose two fastest windows agree (or that needs one) is done. Returns one
-        combined result per task (``median``: the minimum of the per-window medians), or its first failure."""
+        """Runs each task (all for ``backends``) by the protocol, in passes: :meth:`run_phases` of one phase."""
+        return self.run_phases([(backends, tasks)], timeout)[0]
+
+    def run_phases(self, phases: Sequence[tuple[Sequence, Sequence]], timeout: float | None = None) -> list[list[dict]]:
+        """Runs the tasks of every phase (``(backends, tasks)``: tasks that build ``backends``) by the protocol,
+        in passes (:mod:`.timing`): pass ``p`` gives every task of every phase that still needs a window one
+        more, after the previous pass has gone through all of them, so a candidate's windows lie seconds apart,
+        not back to back, and the more so the more phases share the passes. A window is a fresh compile in the
+        pool's worker ``p`` or, under ``keep_compiled``, one more timing of the candidate that worker 0 compiled
+        in pass 0 and kept. The first window after a switch of backend warms up for ``switch_warmup`` seconds
+        (the last runtime's threads may still spin). A task whose two fastest windows agree (or that needs one)
+        is done. Returns, per phase, one combined result per task (``median``: the minimum of the per-window
+        medians), or its first failure."""
         cfg = self.timing
         timeout = self.timeout if timeout is None else timeout
         keep = cfg.keep_compiled
-        tokens = [f"{os.getpid()}-{id(self)}-{next(_TOKENS)}" for _ in tasks] if keep else []
-        runs: list[list[dict]] = [[] for _ in tasks]
+        flat = [(backends, task) for backends, tasks in phases for task in tasks]
+        tokens = [f"{os.getpid()}-{id(self)}-{next(_TOKENS)}" for _ in flat] if keep else []
+        runs: list[list[dict]] = [[] for _ in flat]
         final: dict[int, dict] = {}
+        last: tuple | None = None
         try:
             for p in range(max(1, cfg.max_processes)):
-                for i, task in enumerate(tasks):
+                for i, (backends, task) in enumerate(flat):
                     if i in final:
                         continue
                     rs = runs[i]
@@ -329,7 +221,10 @@ class Runner:
                             [x["median"] for x in rs], cfg.agree):
                         final[i] = combine_runs(rs)
                         continue
-                    r = self._window(backends, task, p, tokens[i] if keep else "", bool(rs), timeout)
+                    names = tuple(b.name for b in backends)
+                    switched = last is not None and names != last
+                    last = names
+                    r = self._window(backends, task, p, tokens[i] if keep else "", bool(rs), timeout, switched)
                     if not r.get("valid"):
                         if rs and not r.get("failed"):
                             r = {**r, "error_text": f"{r.get('error_text', '')} (in window {p + 1}; window 1 was valid)"}
@@ -338,32 +233,49 @@ class Runner:
                     rs.append(r)
         finally:
             if keep:
-                worker = self.worker_for(backends, 0)
-                if worker.alive():
-                    worker.run(ReleaseTask(tokens), timeout)
-        return [final[i] if i in final else combine_runs(runs[i]) for i in range(len(tasks))]
+                held: dict[int, tuple] = {}
+                for i, (backends, _) in enumerate(flat):
+                    worker = self.worker_for(backends, 0)
+                    held.setdefault(id(worker), (worker, []))[1].append(tokens[i])
+                for worker, toks in held.values():
+                    if worker.alive():
+                        worker.run(ReleaseTask(toks), timeout)
+        out = [final[i] if i in final else combine_runs(runs[i]) for i in range(len(flat))]
+        per_phase, pos = [], 0
+        for _, tasks in phases:
+            per_phase.append(out[pos:pos + len(tasks)])
+            pos += len(tasks)
+        return per_phase
 
-    def _window(self, backends, task, p: int, token: str, compiled: bool, timeout: float) -> dict:
+    def _window(self, backends, task, p: int, token: str, compiled: bool, timeout: float,
+                switched: bool = False) -> dict:
         """One window of one task: a fresh compile in worker ``p``, or (``token``) a retiming of the kept one
-        in worker 0, which compiles it again (and keeps it) if the worker has lost it."""
+        in worker 0, which compiles it again (and keeps it) if the worker has lost it. ``switched``: the
+        previous window timed another backend, so this one warms up for ``timing.switch_warmup``."""
+        timing = self.timing
+        if switched and timing.switch_warmup > timing.warmup_seconds:
+            timing = replace(timing, warmup_seconds=timing.switch_warmup)
         if token and compiled:
-            r = self.worker_for(backends, 0).run(RetimeTask(token, self.timing), timeout)
+            r = self.worker_for(backends, 0).run(RetimeTask(token, timing), timeout)
             if not r.get("lost"):
                 return r
         t = task() if callable(task) else task
-        if token:
-            t = replace(t, keep=token)
+        t = replace(t, keep=token, timing=timing) if token else replace(t, timing=timing)
         return self.worker_for(backends, 0 if token else p).run(t, timeout)
 
     def measure_many(self, chunk: Sequence[Candidate], reference: Mapping[str, np.ndarray], family: str = "") -> list[Measurement]:
         """Measures ``chunk`` (candidates of one backend, none cached) in passes, commits each; in order."""
-        if not chunk:
-            return []
-        tasks = [lambda c=c: self._task(c, reference) for c in chunk]  # built per pass: feeds can be large
-        out = []
-        for c, r in zip(chunk, self.run_passes([chunk[0].backend], tasks)):
-            out.append(self._measurement(c, r, family))
-        return out
+        return self.measure_chunks([chunk], reference, family)[0] if chunk else []
+
+    def measure_chunks(self, chunks: Sequence[Sequence[Candidate]], reference: Mapping[str, np.ndarray],
+                       family: str = "") -> list[list[Measurement]]:
+        """Measures ``chunks`` (each of candidates of one backend, none cached) with their passes interleaved
+        (:meth:`run_phases`), commits each; in order, one list per chunk."""
+        chunks = [ch for ch in chunks if ch]
+        phases = [([ch[0].backend], [lambda c=c: self._task(c, reference) for c in ch])  # built per pass: feeds can be large
+                  for ch in chunks]
+        return [[self._measurement(c, r, family) for c, r in zip(ch, rs)]
+                for ch, rs in zip(chunks, self.run_phases(phases))]
 
     def measure_one(self, c: Candidate, reference: Mapping[str, np.ndarray], family: str = "") -> Measurement:
         """Measures one candidate now (its processes back to back) and commits it."""

@@ -27,7 +27,10 @@ its key, so rows timed under another protocol are never mixed in silently):
   ``m2`` every window is a fresh compile in another worker process. What
   buys agreement is the number of independent windows, not their length, so
   ``m3`` takes 3 windows (2 from 10 ms) of at most 0.1 s where ``m2`` took 2
-  (1 from 10 ms) of up to 0.3 s (README, "Noise").
+  (1 from 10 ms) of up to 0.3 s (README, "Noise"). ``m4`` (``interleave``, an
+  experiment arm, not the default) interleaves the passes of one chunk of
+  every backend, so a candidate's windows lie a round of backends apart; in
+  two side-by-side runs it did not beat ``m3`` reliably (README, "Noise").
 - *Contention*: the share of the timing window in which some task waited
   for a CPU (Linux PSI, ``/proc/pressure/cpu``) is recorded with each sample
   run; a window above ``max_pressure`` is re-timed up to
@@ -86,6 +89,12 @@ class TimingConfig:
     #: candidate again (``m3``), instead of compiling it afresh in another worker process (``m2``)
     keep_compiled: bool = True
     name: str = PROTOCOL
+    #: the passes of one chunk of every backend are interleaved (``m4``): pass ``p`` times every backend's
+    #: chunk once before pass ``p + 1``, so a candidate's windows lie as many chunks apart as there are
+    #: backends; otherwise one backend per phase
+    interleave: bool = False
+    #: seconds of warm-up for the first window after a switch of backend (the last runtime's threads spin on)
+    switch_warmup: float = 0.05
     #: hold a PM-QoS CPU-latency request of 0 us while timing (``/dev/cpu_dma_latency``; needs root), so idle
     #: CPUs poll instead of halting; an experiment arm of benchmarks/measure_agreement.py, off by default
     hold_cpu_latency: bool = False
@@ -109,8 +118,11 @@ M2 = TimingConfig(time_cap=0.3, min_seconds=0.02, processes=2, long_processes=1,
 #: the protocol ``m3`` (the default, :data:`PROTOCOL`): ``m2``'s passes, with the candidate compiled and
 #: checked once and kept, and more, shorter windows (3, or 2 from 10 ms; at most 0.1 s each)
 M3 = TimingConfig(keep_compiled=True, name="m3")
+#: the protocol ``m4``: ``m3``'s windows, with the passes of every backend's chunk interleaved (an experiment
+#: arm of benchmarks/measure_agreement.py and collect_rate.py; not the default)
+M4 = TimingConfig(keep_compiled=True, interleave=True, name="m4")
 #: every protocol by name
-PROTOCOLS = {"m1": LEGACY, "m2": M2, "m3": M3}
+PROTOCOLS = {"m1": LEGACY, "m2": M2, "m3": M3, "m4": M4}
 
 
 @dataclass(frozen=True)

@@ -34,9 +34,9 @@ def _worker_main(fd: int, threads: int) -> None:
         torch.set_num_threads(threads)
     except ImportError:  # pragma: no cover
         pass
-    # warm the imports before the first timed task (the tasks' own modules, as when workers booted from runner)
+    # warm the imports before the first timed task (the tasks' own modules)
     import collage_ml.ir.importers  # noqa: F401
-    import collage_ml.measure.runner  # noqa: F401
+    import collage_ml.measure.tasks  # noqa: F401
 
     conn.send("ready")
     while True:

@@ -7,7 +7,9 @@
    ``datasets/cpu-2core-zen4``): each model is trained on all other families
    (their random subgraphs included) and scored on the held-out family; the
    metrics (``collage_ml.models.evaluate``) are printed per family and
-   averaged over families (unweighted).
+   averaged over families (unweighted). ``--extra-train-db`` adds rows that
+   join every fold's training set and are never scored (a dataset of
+   synthetic networks, ``collect --models synthetic:N``).
 2. **Random split** (80/20 by subgraph): not held out by family, so it is an
    optimistic number, printed for comparison only.
 3. **Few-shot transfer** to ``--target-db`` (default
@@ -248,6 +250,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--db", type=Path, default=DEFAULT_DB, help="main measurement database")
     ap.add_argument("--target-db", type=Path, default=DEFAULT_TARGET, help="few-shot target database")
+    ap.add_argument("--extra-train-db", type=Path, action="append", default=[], metavar="PATH",
+                    help="rows that join every leave-one-family-out training set (less the held-out family), "
+                         "never scored: e.g. a synthetic-network dataset; repeatable")
     ap.add_argument("--models", default="xgb,gnn", help="model kinds, comma-separated (default: xgb,gnn)")
     ap.add_argument("--families", default=None, help="hold out only these families, comma-separated (default: all)")
     ap.add_argument("--quick", action="store_true",
@@ -285,6 +290,11 @@ def main() -> int:
     elif args.quick:
         fams = [f for f in QUICK_FAMILIES if f in fams] or fams[:3]
     log(f"{len(data)} samples, sources {', '.join(data.sources())}; holding out {', '.join(fams)}")
+    extra = Dataset()
+    for p in args.extra_train_db:
+        part = Dataset.from_db(p).filter(lambda s: s.source != "probe")
+        log(f"extra training rows from {p}: {len(part)} (sources {', '.join(part.sources())})")
+        extra = extra + part
     results: dict[str, Any] = {
         "db": str(args.db),
         "target_db": str(args.target_db),
@@ -294,6 +304,8 @@ def main() -> int:
         "quick": args.quick,
         "seed": args.seed,
         "n": len(data),
+        "extra_train_dbs": [str(p) for p in args.extra_train_db],
+        "n_extra_train": len(extra),
     }
 
     # 1. leave one family out
@@ -303,7 +315,7 @@ def main() -> int:
         log(f"leave-one-family-out: {k} {params[k] or '(defaults)'}")
         preds[k] = {}
         lofo[k] = leave_one_family_out(lambda k=k: create_model(k, **params[k]), data, fams, progress=log,
-                                       predictions=preds[k])
+                                       predictions=preds[k], extra_train=extra if len(extra) else None)
     if lofo:
         means = {k: average_metrics(lofo[k]) for k in kinds}
         rows = {f: {k: lofo[k].get(f, {}) for k in kinds} for f in fams}

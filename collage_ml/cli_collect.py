@@ -25,7 +25,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     )
     p.add_argument("--models", default="all", metavar="a,b|all",
                    help="zoo names and .onnx paths, comma-separated; 'all' = every full-size zoo model, "
-                        "'tiny' = every -tiny one (default: all)")
+                        "'tiny' = every -tiny one, 'synthetic:N' = N seeded random networks (synthetic-0 to "
+                        "synthetic-<N-1>; 'synthetic:A-B' for seeds A to B-1) (default: all)")
     p.add_argument("--backends", default=None, metavar="a,b", help="backends, comma-separated (default: the CPU set)")
     p.add_argument("--db", default=None, metavar="PATH",
                    help="database (default: $COLLAGE_ML_CACHE/measurements.db or ~/.cache/collage-ml/measurements.db)")

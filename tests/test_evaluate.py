@@ -264,6 +264,19 @@ def test_leave_one_family_out(tiny_ds):
         leave_one_family_out(StubModel, tiny_ds, families=["nope"])
 
 
+def test_extra_training_rows_join_every_fold_less_the_held_out_family(tiny_ds):
+    """``extra_train`` is trained on, never scored; its own rows of the held-out family stay out."""
+    extra = Dataset([Sample(s.info, s.backend, s.hw, s.latency, s.family, "synthetic" if s.source == "dcgan" else s.source,
+                            s.key, s.hardware, s.pattern) for s in tiny_ds])
+    n_dcgan = sum(s.source == "dcgan" for s in tiny_ds)
+    plain = leave_one_family_out(StubModel, tiny_ds, models=TINY_MODELS)
+    res = leave_one_family_out(StubModel, tiny_ds, models=TINY_MODELS, extra_train=extra)
+    assert {f: m["n"] for f, m in res.items()} == {f: m["n"] for f, m in plain.items()}  # the same test rows
+    # the dcgan fold gains every extra row (none of them is dcgan); the resnet50 fold all but extra's resnet50 ones
+    assert res["dcgan"]["n_train"] == plain["dcgan"]["n_train"] + len(extra)
+    assert res["resnet50"]["n_train"] == plain["resnet50"]["n_train"] + n_dcgan
+
+
 def test_few_shot_same_test_set_for_every_n(tiny_ds, stub_kind):
     source = StubModel().fit(tiny_ds)
     # the "other hardware": one thread, and everything 3x slower than the model expects

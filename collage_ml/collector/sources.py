@@ -22,8 +22,10 @@ def parse_batch_sizes(batch_sizes: Any) -> tuple[int, ...] | None:
 def resolve_models(models: str | Sequence[str] | None) -> list[str]:
     """Zoo names and ONNX paths, in order, without duplicates.
 
-    ``"all"`` (or None) is every full-size zoo model; ``"tiny"`` every ``-tiny`` one.
-    A comma-separated string is split. Unknown names raise ``UnknownModelError``.
+    ``"all"`` (or None) is every full-size zoo model; ``"tiny"`` every ``-tiny`` one; ``"synthetic:N"``
+    the synthetic networks ``synthetic-0`` to ``synthetic-<N-1>`` (``"synthetic:A-B"``: seeds A to B-1;
+    :mod:`collage_ml.ir.zoo.synthetic`). A comma-separated string is split. Unknown names raise
+    ``UnknownModelError``.
     """
     from collage_ml.errors import ModelError
     from collage_ml.ir import zoo
@@ -39,6 +41,8 @@ def resolve_models(models: str | Sequence[str] | None) -> list[str]:
             names = zoo.names(include_tiny=False)
         elif m in ("tiny", "all-tiny"):
             names = [n for n in zoo.names() if zoo.get(n).tiny]
+        elif m.startswith("synthetic:"):
+            names = [f"synthetic-{i}" for i in _seed_range(m)]
         elif _is_path(m):
             if not Path(m).is_file():
                 raise ModelError(f"{m}: no such ONNX file")
@@ -50,6 +54,18 @@ def resolve_models(models: str | Sequence[str] | None) -> list[str]:
     if not out:
         raise ValueError("no models given")
     return out
+
+
+def _seed_range(m: str) -> range:
+    """``synthetic:N`` -> range(N); ``synthetic:A-B`` -> range(A, B)."""
+    spec = m.split(":", 1)[1].strip()
+    try:
+        lo, hi = (int(x) for x in spec.split("-", 1)) if "-" in spec else (0, int(spec))
+    except ValueError:
+        lo, hi = 0, -1
+    if not 0 <= lo < hi:
+        raise ValueError(f"bad synthetic range {m!r}: expected synthetic:N or synthetic:A-B with 0 <= A < B")
+    return range(lo, hi)
 
 
 def _is_path(m: str) -> bool:

@@ -87,6 +87,7 @@ def leave_one_family_out(
     families: Sequence[str] | None = None,
     progress: Callable[[str], None] | None = None,
     predictions: dict[str, dict[str, Any]] | None = None,
+    extra_train: Dataset | None = None,
     **group_kw: Any,
 ) -> dict[str, dict[str, Any]]:
     """For each family: fit ``make_model()`` on every other source, evaluate on that family's samples.
@@ -94,7 +95,9 @@ def leave_one_family_out(
     ``families`` defaults to every source of ``dataset``. Each family's metrics
     gain ``n_train`` and ``fit_seconds``. ``predictions``, when given, is
     filled with family -> ``{"backend", "true", "pred"}`` arrays (for plots).
-    ``progress`` receives one line per step.
+    ``extra_train`` (for example synthetic networks, or another machine's rows)
+    joins every fold's training set, less its own rows of the held-out family;
+    it is never scored. ``progress`` receives one line per step.
     """
     fams = list(families) if families is not None else dataset.sources()
     known = set(dataset.sources())
@@ -104,6 +107,8 @@ def leave_one_family_out(
     out: dict[str, dict[str, Any]] = {}
     for i, fam in enumerate(fams):
         train, test = dataset.split_by_source([fam])
+        if extra_train is not None:
+            train = train + extra_train.filter(lambda s, fam=fam: s.source != fam)
         if not len(train) or not len(test):
             continue
         if progress:

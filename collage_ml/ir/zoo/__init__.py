@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from ...errors import UnknownModelError
-from . import bert, dcgan, mobilenet, nasnet, nasrnn, resnet, resnet3d, resnext
+from . import bert, dcgan, mobilenet, nasnet, nasrnn, resnet, resnet3d, resnext, synthetic
 from ._common import Spec, instantiate
 
 __all__ = ["ZooEntry", "names", "get", "entries", "build"]
@@ -54,7 +54,7 @@ class ZooEntry:
 
         Raises ValueError if ``batch`` is not a positive integer.
         """
-        return instantiate(_SPECS[self.name], batch, seed)
+        return instantiate(_SYNTHETIC[self.name][1] if self.name in _SYNTHETIC else _SPECS[self.name], batch, seed)
 
 
 def _register() -> tuple[dict[str, ZooEntry], dict[str, Spec]]:
@@ -69,6 +69,8 @@ def _register() -> tuple[dict[str, ZooEntry], dict[str, Spec]]:
 
 
 _ENTRIES, _SPECS = _register()
+#: synthetic networks drawn so far (name -> entry, spec); never listed by :func:`names`
+_SYNTHETIC: dict[str, tuple[ZooEntry, Spec]] = {}
 
 
 def entries(include_tiny: bool = True) -> list[ZooEntry]:
@@ -83,16 +85,23 @@ def names(include_tiny: bool = True) -> list[str]:
 
 
 def get(name: str) -> ZooEntry:
-    """The entry called ``name``; raises UnknownModelError listing valid names and close matches."""
+    """The entry called ``name`` (a zoo model, or ``synthetic-<seed>``: :mod:`.synthetic`); raises
+    UnknownModelError listing valid names and close matches."""
     try:
         return _ENTRIES[name]
     except (KeyError, TypeError):
         pass
+    seed = synthetic.seed_of(name)
+    if seed is not None:
+        if name not in _SYNTHETIC:
+            spec = synthetic.spec(seed)
+            _SYNTHETIC[name] = (ZooEntry(name, synthetic.FAMILY, spec.description, False), spec)
+        return _SYNTHETIC[name][0]
     valid = names()
     close = difflib.get_close_matches(str(name), valid, n=3, cutoff=0.5)
     hint = f" Did you mean {', '.join(repr(c) for c in close)}?" if close else ""
     raise UnknownModelError(
-        f"unknown zoo model {name!r}.{hint} Valid names: {', '.join(valid)}") from None
+        f"unknown zoo model {name!r}.{hint} Valid names: {', '.join(valid)}, or synthetic-<seed>") from None
 
 
 def build(name: str, batch: int = 1, seed: int = 0) -> tuple[torch.nn.Module, tuple[torch.Tensor, ...]]:

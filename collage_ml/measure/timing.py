@@ -30,7 +30,7 @@ its key, so rows timed under another protocol are never mixed in silently):
   (1 from 10 ms) of up to 0.3 s (README, "Noise"). ``m4`` (``interleave``, an
   experiment arm, not the default) interleaves the passes of one chunk of
   every backend, so a candidate's windows lie a round of backends apart; in
-  two side-by-side runs it did not beat ``m3`` reliably (README, "Noise").
+  three side-by-side runs it did not beat ``m3`` reliably (README, "Noise").
 - *Contention*: the share of the timing window in which some task waited
   for a CPU (Linux PSI, ``/proc/pressure/cpu``) is recorded with each sample
   run; a window above ``max_pressure`` is re-timed up to

@@ -14,6 +14,13 @@ from collage_ml.ir import import_model, zoo
 from collage_ml.ir.zoo import synthetic
 
 
+def test_naming_a_synthetic_network_leaves_the_callers_rng_alone():
+    torch.manual_seed(123)
+    state = torch.random.get_rng_state()
+    zoo.get("synthetic-1234")  # draws the network's shapes, not its weights
+    assert torch.equal(torch.random.get_rng_state(), state)
+
+
 def test_the_same_seed_is_the_same_network_and_other_seeds_differ():
     a, (x,) = zoo.build("synthetic-3", batch=2, seed=0)
     b, (y,) = zoo.build("synthetic-3", batch=2, seed=0)

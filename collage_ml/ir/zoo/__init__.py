@@ -54,7 +54,7 @@ class ZooEntry:
 
         Raises ValueError if ``batch`` is not a positive integer.
         """
-        return instantiate(_SYNTHETIC[self.name][1] if self.name in _SYNTHETIC else _SPECS[self.name], batch, seed)
+        return instantiate(_SPECS[self.name], batch, seed)
 
 
 def _register() -> tuple[dict[str, ZooEntry], dict[str, Spec]]:
@@ -69,8 +69,8 @@ def _register() -> tuple[dict[str, ZooEntry], dict[str, Spec]]:
 
 
 _ENTRIES, _SPECS = _register()
-#: synthetic networks drawn so far (name -> entry, spec); never listed by :func:`names`
-_SYNTHETIC: dict[str, tuple[ZooEntry, Spec]] = {}
+#: synthetic networks drawn so far (their specs join ``_SPECS``); never listed by :func:`names`
+_SYNTHETIC: dict[str, ZooEntry] = {}
 
 
 def entries(include_tiny: bool = True) -> list[ZooEntry]:
@@ -94,9 +94,9 @@ def get(name: str) -> ZooEntry:
     seed = synthetic.seed_of(name)
     if seed is not None:
         if name not in _SYNTHETIC:
-            spec = synthetic.spec(seed)
-            _SYNTHETIC[name] = (ZooEntry(name, synthetic.FAMILY, spec.description, False), spec)
-        return _SYNTHETIC[name][0]
+            _SPECS[name] = synthetic.spec(seed)
+            _SYNTHETIC[name] = ZooEntry(name, synthetic.FAMILY, _SPECS[name].description, False)
+        return _SYNTHETIC[name]
     valid = names()
     close = difflib.get_close_matches(str(name), valid, n=3, cutoff=0.5)
     hint = f" Did you mean {', '.join(repr(c) for c in close)}?" if close else ""

@@ -203,5 +203,6 @@ def _draw(seed: int) -> tuple[nn.Module, tuple[int, ...], str]:
 def spec(seed: int) -> Spec:
     """The synthetic network ``synthetic-<seed>``: its domain, blocks and shapes drawn from ``seed`` (its
     weights, when built, from the caller's seeded RNG, as every zoo model's)."""
-    _, shape, what = _draw(seed)
+    with torch.device("meta"):  # only the shapes are wanted here: no weights allocated, the caller's RNG untouched
+        _, shape, what = _draw(seed)
     return Spec(make=lambda: _draw(seed)[0], input_shapes=(shape,), description=f"synthetic {what}")

@@ -43,9 +43,11 @@ def protocol_config(name: str, processes: int | None = None):
         # experiment arms, never stored: the new protocol with idle CPUs polling, and with one process
         "m2q": TimingConfig(hold_cpu_latency=True, name="m2q"),
         "m2x1": TimingConfig(processes=1, max_processes=1, name="m2x1"),
+        # m5 with no agreement rule: extra windows only in place of windows the hypervisor stole from
+        "m5s": replace(PROTOCOLS["m5"], agree=math.inf, name="m5s"),
     }.get(name)
     if cfg is None:
-        raise SystemExit(f"unknown protocol {name!r}: {', '.join(PROTOCOLS)}, m2q or m2x1")
+        raise SystemExit(f"unknown protocol {name!r}: {', '.join(PROTOCOLS)}, m2q, m2x1 or m5s")
     return replace(cfg, processes=processes, max_processes=max(cfg.max_processes, processes)) if processes else cfg
 
 
@@ -198,6 +200,8 @@ def main() -> None:
                 "contended": bool(ma.extra.get("contended") or mb.extra.get("contended")),
                 "processes": [len(ma.extra.get("process_medians", [1])), len(mb.extra.get("process_medians", [1]))],
                 "a_process_medians": ma.extra.get("process_medians"), "b_process_medians": mb.extra.get("process_medians"),
+                "steal": [ma.extra.get("cpu_steal"), mb.extra.get("cpu_steal")],
+                "contended_windows": [ma.extra.get("contended_windows"), mb.extra.get("contended_windows")],
             })
         secs = sum(r["seconds"] for r in runs[p]) / 2
         report["protocols"][p] = {

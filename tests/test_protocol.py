@@ -18,7 +18,7 @@ from collage_ml.db import Database
 from collage_ml.ir import from_onnx
 from collage_ml.measure import timing
 from collage_ml.measure.runner import Runner, Worker, combine_runs, processes_agree, worker_path
-from collage_ml.measure.timing import LEGACY, M2, M3, TimingConfig, time_callable
+from collage_ml.measure.timing import LEGACY, M2, M3, M5, TimingConfig, time_callable
 from tests.fake_backends import AbortFixture, HangFixture
 from tests.fake_timing import CountingFixture, KeptCount, ModedFixture, compiles
 from tests.helpers import chain_model
@@ -102,6 +102,101 @@ def test_processes_needed_agree_and_combine():
     assert c["median"] == 1.0 and c["spread"] == 0.02 and c["samples"] == [2.0, 1.0]
     assert c["extra"]["process_medians"] == [2.0, 1.0] and c["extra"]["calls_per_sample"] == 5
     assert c["extra"]["contended"] is True and c["extra"]["cpu_pressure"] == 0.3
+
+
+def test_stolen_windows_are_recorded_and_under_m5_retimed_and_marked(monkeypatch):
+    """Steal (the hypervisor's, from /proc/stat) is recorded under every protocol; under m5 a window with
+    more than max_steal of the CPUs' time stolen is contended: retimed, then marked."""
+    monkeypatch.setattr(timing, "cpu_stall_us", lambda: 5.0)  # no CPU pressure inside the VM
+    stolen = iter(range(0, 10**6))  # +1 s stolen per reading: every window is fully stolen
+    monkeypatch.setattr(timing, "steal_seconds", lambda cpus=None: float(next(stolen)))
+    clock = FakeClock(20e-6)
+    r = time_callable(clock.fn, M3, clock=clock)
+    assert r.steal == 1.0 and not r.contended and r.retimed == 0  # m3 records steal, never acts on it
+    r = time_callable(clock.fn, M5, clock=clock)
+    assert r.steal == 1.0 and r.contended and r.retimed == M5.contention_retries
+
+    # the first window stolen, the retimed one clean: the clean one is kept
+    readings = iter([0.0, 1.0, 1.0, 1.0])
+    monkeypatch.setattr(timing, "steal_seconds", lambda cpus=None: next(readings))
+    r = time_callable(clock.fn, M5, clock=clock)
+    assert r.steal == 0.0 and not r.contended and r.retimed == 1
+
+    monkeypatch.setattr(timing, "steal_seconds", lambda cpus=None: None)  # unknown (not Linux, no /proc)
+    r = time_callable(clock.fn, M5, clock=clock)
+    assert r.steal is None and not r.contended
+
+
+def test_steal_seconds_reads_the_steal_column_of_the_usable_cpus(tmp_path, monkeypatch):
+    stat = tmp_path / "stat"
+    stat.write_text("cpu  10 0 10 100 0 0 0 7 0 0\n"
+                    "cpu0 5 0 5 50 0 0 0 3 0 0\n"
+                    "cpu1 5 0 5 50 0 0 0 4 0 0\n"
+                    "intr 1 2 3\n")
+    monkeypatch.setattr(timing, "_STAT", str(stat))
+    assert timing.steal_seconds([0, 1]) == pytest.approx(0.07)
+    assert timing.steal_seconds([1]) == pytest.approx(0.04)
+    monkeypatch.setattr(timing, "_STAT", str(tmp_path / "missing"))
+    assert timing.steal_seconds([0]) is None
+
+
+def test_m5_combines_the_clean_windows_only():
+    runs = [
+        {"valid": True, "median": 1.0, "spread": 0.0, "samples": [1.0], "steal": 0.3, "contended": True},
+        {"valid": True, "median": 2.0, "spread": 0.0, "samples": [2.0], "steal": 0.0},
+        {"valid": True, "median": 2.1, "spread": 0.0, "samples": [2.1], "steal": 0.0},
+    ]
+    c = combine_runs(runs, skip_contended=True)
+    assert c["median"] == 2.0 and c["extra"]["contended"] is False and c["extra"]["contended_windows"] == 1
+    assert c["extra"]["cpu_steal"] == 0.3 and c["extra"]["process_medians"] == [1.0, 2.0, 2.1]
+    # m3's rule: the fastest window, and contended when any window was
+    c = combine_runs(runs)
+    assert c["median"] == 1.0 and c["extra"]["contended"] is True
+    # no clean window at all: the fastest, marked contended
+    c = combine_runs([runs[0], {**runs[1], "contended": True}], skip_contended=True)
+    assert c["median"] == 1.0 and c["extra"]["contended"] is True
+
+
+def test_m5_replaces_contended_windows_up_to_max_processes(monkeypatch):
+    """A window that came out contended does not count: the task gets another, in a later pass, up to
+    max_processes; m3 stops at its three windows whatever they were."""
+
+    class B:
+        name = "fake"
+
+    def scripted(script):
+        calls = {}
+
+        def window(self, backends, task, p, token, compiled, timeout, switched=False):
+            calls.setdefault(task, 0)
+            contended, median = script[task][calls[task]]
+            calls[task] += 1
+            return {"valid": True, "median": median, "spread": 0.0, "samples": [median], "contended": contended}
+        return window, calls
+
+    script = {
+        "clean": [(False, 1e-4)] * 5,
+        "stolen": [(True, 0.5e-4), (True, 0.6e-4), (False, 1.02e-4), (False, 1e-4), (False, 1.01e-4)],
+        "always": [(True, 2e-4)] * 5,
+    }
+    cfg = replace(M5, keep_compiled=False)
+    window, calls = scripted(script)
+    monkeypatch.setattr(Runner, "_window", window)
+    r = Runner.__new__(Runner)
+    r.timing, r.timeout = cfg, 1.0
+    clean, stolen, always = r.run_passes([B()], ["clean", "stolen", "always"])
+    assert calls == {"clean": 3, "stolen": 5, "always": 5}
+    assert clean["median"] == 1e-4 and not clean["extra"]["contended"]
+    assert stolen["median"] == 1e-4 and not stolen["extra"]["contended"]
+    assert stolen["extra"]["contended_windows"] == 2
+    assert always["extra"]["contended"] and always["median"] == 2e-4
+
+    window, calls = scripted(script)
+    monkeypatch.setattr(Runner, "_window", window)
+    r.timing = replace(M3, keep_compiled=False)
+    clean, stolen, always = r.run_passes([B()], ["clean", "stolen", "always"])
+    assert calls == {"clean": 3, "stolen": 3, "always": 3}
+    assert stolen["median"] == 0.5e-4 and stolen["extra"]["contended"]
 
 
 # ----------------------------------------------------------------------------- the Runner, real processes

@@ -119,7 +119,7 @@ class MeasurementTables:
         new_extra = json.loads(cols["extra"] or "{}")
         earlier = list(extra.get("earlier", []))
         earlier.append({"median": median, "timestamp": ts, "cpu_pressure": extra.get("cpu_pressure"),
-                        "contended": True})
+                        "cpu_steal": extra.get("cpu_steal"), "contended": True})
         new_extra["earlier"] = earlier
         cols["extra"] = to_json(new_extra)
         cols["attempts"] = int(attempts) + 1

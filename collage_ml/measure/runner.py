@@ -201,7 +201,7 @@ class Runner:
         pool's worker ``p`` or, under ``keep_compiled``, one more timing of the candidate that worker 0 compiled
         in pass 0 and kept. The first window after a switch of backend warms up for ``switch_warmup`` seconds
         (the last runtime's threads may still spin). A task whose two fastest windows agree (or that needs one)
-        is done. Returns, per phase, one combined result per task (``median``: the minimum of the per-window
+        is done; under ``skip_contended`` only its clean windows count. Returns, per phase, one combined result per task (``median``: the minimum of the per-window
         medians), or its first failure."""
         cfg = self.timing
         timeout = self.timeout if timeout is None else timeout
@@ -217,9 +217,10 @@ class Runner:
                     if i in final:
                         continue
                     rs = runs[i]
-                    if rs and len(rs) >= cfg.processes_for(rs[0]["median"]) and processes_agree(
-                            [x["median"] for x in rs], cfg.agree):
-                        final[i] = combine_runs(rs)
+                    counted = clean_runs(rs) if cfg.skip_contended else rs
+                    if counted and len(counted) >= cfg.processes_for(counted[0]["median"]) and processes_agree(
+                            [x["median"] for x in counted], cfg.agree):
+                        final[i] = combine_runs(rs, cfg.skip_contended)
                         continue
                     names = tuple(b.name for b in backends)
                     switched = last is not None and names != last
@@ -240,7 +241,7 @@ class Runner:
                 for worker, toks in held.values():
                     if worker.alive():
                         worker.run(ReleaseTask(toks), timeout)
-        out = [final[i] if i in final else combine_runs(runs[i]) for i in range(len(flat))]
+        out = [final[i] if i in final else combine_runs(runs[i], cfg.skip_contended) for i in range(len(flat))]
         per_phase, pos = [], 0
         for _, tasks in phases:
             per_phase.append(out[pos:pos + len(tasks)])
@@ -339,19 +340,32 @@ def processes_agree(medians: Sequence[float], tol: float) -> bool:
     return a > 0 and b / a - 1 <= tol
 
 
-def combine_runs(runs: Sequence[dict]) -> dict:
+def clean_runs(runs: Sequence[dict]) -> list[dict]:
+    """The windows of ``runs`` that were not contended."""
+    return [r for r in runs if not r.get("contended")]
+
+
+def combine_runs(runs: Sequence[dict], skip_contended: bool = False) -> dict:
     """One result from the per-process results of a candidate: the fastest process's median, every process's
-    value recorded in ``extra`` (``process_medians``, ``calls_per_sample``, ``cpu_pressure``, ``contended``)."""
-    best = min(runs, key=lambda r: r["median"])
+    value recorded in ``extra`` (``process_medians``, ``calls_per_sample``, ``cpu_pressure``, ``cpu_steal``,
+    ``contended``). With ``skip_contended`` the latency combines the clean windows only, and the result is
+    contended only when none was clean; otherwise it is contended when any window was."""
+    clean = clean_runs(runs) if skip_contended else []
+    use = clean or list(runs)
+    best = min(use, key=lambda r: r["median"])
     pressures = [r["pressure"] for r in runs if r.get("pressure") is not None]
+    steals = [r["steal"] for r in runs if r.get("steal") is not None]
     extra = {
         "process_medians": [r["median"] for r in runs],
         "calls_per_sample": best.get("calls_per_sample", 1),
         "cpu_pressure": max(pressures) if pressures else None,
-        "contended": any(r.get("contended") for r in runs),
+        "cpu_steal": max(steals) if steals else None,
+        "contended": not clean if skip_contended else any(r.get("contended") for r in runs),
         "retimed": sum(r.get("retimed", 0) for r in runs),
         "cpus_available": best.get("cpus_available"),
     }
+    if skip_contended:
+        extra["contended_windows"] = len(runs) - len(clean)
     out = {k: v for k, v in runs[0].items() if k not in ("samples", "median", "spread", "extra")}
     out.update(
         valid=True, median=best["median"], spread=best["spread"],

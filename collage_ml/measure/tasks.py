@@ -141,5 +141,6 @@ def timing_fields(res) -> dict:
         cpus = os.cpu_count() or 1
     return {
         "samples": res.samples, "median": res.median, "spread": res.spread, "calls_per_sample": res.calls_per_sample,
-        "pressure": res.pressure, "retimed": res.retimed, "contended": res.contended, "cpus_available": cpus,
+        "pressure": res.pressure, "steal": res.steal, "retimed": res.retimed, "contended": res.contended,
+        "cpus_available": cpus,
     }

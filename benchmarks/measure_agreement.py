@@ -1,6 +1,6 @@
 """Measurement agreement: does a latency repeat in another process, minutes later?
 
-    .venv/bin/python benchmarks/measure_agreement.py [--count 240] [--protocols m1,m2] [--json FILE]
+    .venv/bin/python benchmarks/measure_agreement.py [--count 240] [--protocols m1,m2] [--mix] [--abba] [--json FILE]
 
 Draws candidates from several zoo models at batch 1 and 16 (stratified by
 model, batch and backend), and measures each twice per protocol, in two
@@ -45,9 +45,12 @@ def protocol_config(name: str, processes: int | None = None):
         "m2x1": TimingConfig(processes=1, max_processes=1, name="m2x1"),
         # m5 with no agreement rule: extra windows only in place of windows the hypervisor stole from
         "m5s": replace(PROTOCOLS["m5"], agree=math.inf, name="m5s"),
+        # m3 with passes over 256 candidates, not 64: a candidate's windows lie about 4x further apart, past
+        # the ~5 s the host's slow state lasts (benchmarks/noise_detectors.py)
+        "m3w": replace(PROTOCOLS["m3"], pass_chunk=256, name="m3w"),
     }.get(name)
     if cfg is None:
-        raise SystemExit(f"unknown protocol {name!r}: {', '.join(PROTOCOLS)}, m2q, m2x1 or m5s")
+        raise SystemExit(f"unknown protocol {name!r}: {', '.join(PROTOCOLS)}, m2q, m2x1, m5s or m3w")
     return replace(cfg, processes=processes, max_processes=max(cfg.max_processes, processes)) if processes else cfg
 
 
@@ -158,6 +161,9 @@ def main() -> None:
     ap.add_argument("--table-only", action="store_true")
     ap.add_argument("--mix", action="store_true",
                     help="measure each run's candidates in one call (chunks of every model), not model by model")
+    ap.add_argument("--abba", action="store_true",
+                    help="run the protocols in reverse order in the second round (A B, then B A), so a slow "
+                         "period hits the arms more alike")
     args = ap.parse_args()
     if args.table_only:
         print_tables(json.loads(Path(args.json).read_text()))
@@ -177,7 +183,7 @@ def main() -> None:
     protos = args.protocols.split(",")
     runs: dict[str, list] = {p: [] for p in protos}
     for rnd in range(2):
-        for p in protos:
+        for p in (list(reversed(protos)) if args.abba and rnd == 1 else protos):
             cfg = protocol_config(p, args.processes)
             out = run_once(groups, refs, cfg, threads, seed=args.seed * 100 + rnd * 10 + protos.index(p) + 1,
                            mix=args.mix)
@@ -201,6 +207,7 @@ def main() -> None:
                 "processes": [len(ma.extra.get("process_medians", [1])), len(mb.extra.get("process_medians", [1]))],
                 "a_process_medians": ma.extra.get("process_medians"), "b_process_medians": mb.extra.get("process_medians"),
                 "steal": [ma.extra.get("cpu_steal"), mb.extra.get("cpu_steal")],
+                "window_offsets": [ma.extra.get("window_offsets"), mb.extra.get("window_offsets")],
                 "contended_windows": [ma.extra.get("contended_windows"), mb.extra.get("contended_windows")],
             })
         secs = sum(r["seconds"] for r in runs[p]) / 2

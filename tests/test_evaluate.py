@@ -138,6 +138,7 @@ BGROUPS = [np.array([0, 3]), np.array([1, 4])]
 def test_perfect_predictor():
     m = metrics_from_predictions(TRUE, TRUE.copy(), GROUPS, BGROUPS)
     assert m["pairwise_accuracy"] == 1.0 and m["kendall_tau"] == 1.0 and m["top1_regret"] == 0.0
+    assert m["pairwise_resolvable"] == 1.0
     assert m["mape"] == 0.0 and m["within_10pct"] == 1.0
     assert m["backend_pairwise_accuracy"] == 1.0 and m["backend_choice_regret"] == 0.0
     assert (m["n"], m["n_groups"], m["n_pairs"], m["n_backend_groups"]) == (6, 2, 6, 2)
@@ -149,7 +150,7 @@ def test_perfect_predictor():
 
 def test_inverted_predictor():
     m = metrics_from_predictions(TRUE, 1.0 / TRUE, GROUPS, BGROUPS)
-    assert m["pairwise_accuracy"] == 0.0 and m["kendall_tau"] == -1.0
+    assert m["pairwise_accuracy"] == 0.0 and m["kendall_tau"] == -1.0 and m["pairwise_resolvable"] == 0.0
     assert m["backend_pairwise_accuracy"] == 0.0
     # picks 3 instead of 1, and 6 instead of 4
     assert m["top1_regret"] == pytest.approx(((3 / 1 - 1) + (6 / 4 - 1)) / 2)
@@ -167,6 +168,12 @@ def test_one_swap_ties_and_mape():
     # pairs with equal true latency are not scored
     r = ranking_metrics(np.array([1.0, 1.0, 2.0]), np.array([3.0, 1.0, 2.0]), [np.arange(3)])
     assert r["pairs"] == 2 and r["pairwise_accuracy"] == 0.5
+    # pairs whose labels are within 10% of each other are left out of pairwise_resolvable
+    r = ranking_metrics(np.array([1.0, 1.05, 2.0]), np.array([2.0, 1.0, 3.0]), [np.arange(3)])
+    assert r["pairwise_accuracy"] == pytest.approx(2 / 3)  # the 1.0/1.05 pair is swapped
+    assert r["pairwise_resolvable"] == 1.0  # the two pairs 2x apart are right
+    r = ranking_metrics(np.array([1.0, 1.05]), np.array([2.0, 1.0]), [np.arange(2)])
+    assert r["pairwise_accuracy"] == 0.0 and math.isnan(r["pairwise_resolvable"])
     m = metrics_from_predictions(np.array([1.0, 2.0, 4.0]), np.array([1.05, 2.4, 2.0]))
     assert m["mape"] == pytest.approx((0.05 + 0.2 + 0.5) / 3)
     assert m["within_10pct"] == pytest.approx(1 / 3)

@@ -148,6 +148,9 @@ def test_m5_combines_the_clean_windows_only():
     ]
     c = combine_runs(runs, skip_contended=True)
     assert c["median"] == 2.0 and c["extra"]["contended"] is False and c["extra"]["contended_windows"] == 1
+    assert "window_offsets" not in c["extra"]  # the windows' start times are unknown here
+    timed = [{**r, "started": 100.0 + 2.5 * i} for i, r in enumerate(runs)]
+    assert combine_runs(timed)["extra"]["window_offsets"] == [0.0, 2.5, 5.0]
     assert c["extra"]["cpu_steal"] == 0.3 and c["extra"]["process_medians"] == [1.0, 2.0, 2.1]
     # m3's rule: the fastest window, and contended when any window was
     c = combine_runs(runs)

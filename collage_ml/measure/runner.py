@@ -348,8 +348,9 @@ def clean_runs(runs: Sequence[dict]) -> list[dict]:
 def combine_runs(runs: Sequence[dict], skip_contended: bool = False) -> dict:
     """One result from the per-process results of a candidate: the fastest process's median, every process's
     value recorded in ``extra`` (``process_medians``, ``calls_per_sample``, ``cpu_pressure``, ``cpu_steal``,
-    ``contended``). With ``skip_contended`` the latency combines the clean windows only, and the result is
-    contended only when none was clean; otherwise it is contended when any window was."""
+    ``contended``, and ``window_offsets``: when each window started, in seconds after the first). With
+    ``skip_contended`` the latency combines the clean windows only, and the result is contended only when
+    none was clean; otherwise it is contended when any window was."""
     clean = clean_runs(runs) if skip_contended else []
     use = clean or list(runs)
     best = min(use, key=lambda r: r["median"])
@@ -364,6 +365,9 @@ def combine_runs(runs: Sequence[dict], skip_contended: bool = False) -> dict:
         "retimed": sum(r.get("retimed", 0) for r in runs),
         "cpus_available": best.get("cpus_available"),
     }
+    starts = [r.get("started") for r in runs]
+    if len(runs) > 1 and all(isinstance(t, (int, float)) for t in starts):
+        extra["window_offsets"] = [round(t - starts[0], 3) for t in starts]  # seconds after the first window
     if skip_contended:
         extra["contended_windows"] = len(runs) - len(clean)
     out = {k: v for k, v in runs[0].items() if k not in ("samples", "median", "spread", "extra")}

@@ -142,5 +142,5 @@ def timing_fields(res) -> dict:
     return {
         "samples": res.samples, "median": res.median, "spread": res.spread, "calls_per_sample": res.calls_per_sample,
         "pressure": res.pressure, "steal": res.steal, "retimed": res.retimed, "contended": res.contended,
-        "cpus_available": cpus,
+        "cpus_available": cpus, "started": res.extra.get("started"),
     }

@@ -305,6 +305,7 @@ def time_callable(fn: Callable[[], Any], cfg: TimingConfig = TimingConfig(), clo
 
 
 def _time_callable(fn: Callable[[], Any], cfg: TimingConfig, clock) -> TimingResult:
+    started = time.time()  # wall clock, for the spacing of a candidate's windows (``extra.window_offsets``)
     start = clock()
     n = 0
     last = math.inf
@@ -332,7 +333,7 @@ def _time_callable(fn: Callable[[], Any], cfg: TimingConfig, clock) -> TimingRes
     _, samples, pressure, steal = best
     return TimingResult(
         samples, float(np.median(samples)), spread_of(samples), calls, pressure, retimed,
-        {"max_pressure": cfg.max_pressure, "max_steal": cfg.max_steal}, steal,
+        {"max_pressure": cfg.max_pressure, "max_steal": cfg.max_steal, "started": started}, steal,
     )
 
 

@@ -11,6 +11,7 @@ import numpy as np
 #: the metrics :func:`~collage_ml.models.evaluate.evaluate` reports, in display order
 METRICS: tuple[str, ...] = (
     "pairwise_accuracy",
+    "pairwise_resolvable",
     "kendall_tau",
     "top1_regret",
     "backend_pairwise_accuracy",
@@ -19,7 +20,12 @@ METRICS: tuple[str, ...] = (
     "within_10pct",
 )
 #: metrics where larger is better (the rest: smaller is better)
-HIGHER_IS_BETTER = frozenset({"pairwise_accuracy", "kendall_tau", "backend_pairwise_accuracy", "within_10pct"})
+HIGHER_IS_BETTER = frozenset({"pairwise_accuracy", "pairwise_resolvable", "kendall_tau", "backend_pairwise_accuracy",
+                              "within_10pct"})
+#: pairs whose labels lie closer than this (a ratio) are inside the measurements' own disagreement: two
+#: measurements of one candidate agree within +-10% at best (README, "Noise"), so such pairs' order is a coin
+#: toss in the labels; ``pairwise_resolvable`` scores only the pairs further apart
+RESOLVABLE = 1.10
 
 
 def _pair_signs(a: np.ndarray) -> np.ndarray:
@@ -29,8 +35,18 @@ def _pair_signs(a: np.ndarray) -> np.ndarray:
     return d[iu]
 
 
+def _pair_log_gaps(a: np.ndarray) -> np.ndarray:
+    """log(a_i / a_j) for i < j, flattened (in the order of :func:`_pair_signs`); NaN where not positive."""
+    la = np.log(np.where(a > 0, a, np.nan))
+    d = np.subtract.outer(la, la)
+    return d[np.triu_indices(len(a), 1)]
+
+
 def ranking_metrics(true: np.ndarray, pred: np.ndarray, groups: Iterable[np.ndarray]) -> dict[str, Any]:
     """pairwise accuracy, mean Kendall tau-b and mean top-1 regret over ``groups`` (index arrays).
+
+    ``pairwise_resolvable`` is the pairwise accuracy over the pairs whose true latencies differ by more than
+    :data:`RESOLVABLE` (10%): the pairs whose order the labels can tell.
 
     Returns NaN for a metric no group could score.
     """
@@ -38,6 +54,8 @@ def ranking_metrics(true: np.ndarray, pred: np.ndarray, groups: Iterable[np.ndar
     pred = np.asarray(pred, dtype=np.float64)
     pairs = 0
     score = 0.0
+    far_pairs = 0
+    far_score = 0.0
     taus: list[float] = []
     regrets: list[float] = []
     n = 0
@@ -51,6 +69,12 @@ def ranking_metrics(true: np.ndarray, pred: np.ndarray, groups: Iterable[np.ndar
         pairs += int(valid.sum())
         agree = st[valid] * sp[valid]
         score += float((agree > 0).sum()) + 0.5 * float((agree == 0).sum())
+        with np.errstate(divide="ignore", invalid="ignore"):
+            ratio = np.abs(_pair_log_gaps(t))
+        far = valid & (ratio > math.log(RESOLVABLE))
+        far_pairs += int(far.sum())
+        fa = st[far] * sp[far]
+        far_score += float((fa > 0).sum()) + 0.5 * float((fa == 0).sum())
         denom = math.sqrt(float(valid.sum()) * float((sp != 0).sum()))
         if denom > 0:
             taus.append(float((st * sp).sum()) / denom)
@@ -59,6 +83,7 @@ def ranking_metrics(true: np.ndarray, pred: np.ndarray, groups: Iterable[np.ndar
             regrets.append(float(t[int(np.argmin(p))]) / best - 1.0)
     return {
         "pairwise_accuracy": score / pairs if pairs else math.nan,
+        "pairwise_resolvable": far_score / far_pairs if far_pairs else math.nan,
         "kendall_tau": float(np.mean(taus)) if taus else math.nan,
         "top1_regret": float(np.mean(regrets)) if regrets else math.nan,
         "groups": n,
@@ -88,6 +113,7 @@ def metrics_from_predictions(
         "within_10pct": float((ape <= 0.10).mean()) if n else math.nan,
         "kendall_tau": dec["kendall_tau"],
         "pairwise_accuracy": dec["pairwise_accuracy"],
+        "pairwise_resolvable": dec["pairwise_resolvable"],
         "top1_regret": dec["top1_regret"],
         "backend_pairwise_accuracy": be["pairwise_accuracy"],
         "backend_choice_regret": be["top1_regret"],
@@ -119,6 +145,7 @@ def average_metrics(per_family: Mapping[str, Mapping[str, Any]]) -> dict[str, An
 #: short column labels for the metrics in tables
 METRIC_LABELS = {
     "pairwise_accuracy": "pairwise",
+    "pairwise_resolvable": "pairwise, >10% apart",
     "kendall_tau": "tau",
     "top1_regret": "top-1 regret",
     "backend_pairwise_accuracy": "backend pairwise",

@@ -122,22 +122,10 @@ int main(void) { pthread_t t; pin(0); pthread_create(&t, 0, other, 0); usleep(10
 TIMESCALE_CHILD = textwrap.dedent(
     """
     import json, sys, time
-    import numpy as np
-    import onnxruntime as ort
     import torch
-    from onnx import helper, TensorProto, numpy_helper
-    rng = np.random.default_rng(0)
-    W = numpy_helper.from_array(rng.standard_normal((64, 64, 3, 3)).astype(np.float32), "W")
-    n = helper.make_node("Conv", ["x", "W"], ["y"], pads=[1, 1, 1, 1])
-    g = helper.make_graph([n], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64, 28, 28])],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], [W])
-    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
-    def sess(t):
-        so = ort.SessionOptions(); so.intra_op_num_threads = t; so.inter_op_num_threads = 1
-        so.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        return ort.InferenceSession(m, so, providers=["CPUExecutionProvider"])
-    s1, s2 = sess(1), sess(2)
-    x = rng.standard_normal((1, 64, 28, 28)).astype(np.float32)
+    sys.path.insert(0, sys.argv[2])
+    from noise_detectors import ort_sessions  # the same 2-thread and 1-thread convolutions
+    conv2, conv1 = ort_sessions()
     torch.set_num_threads(1); a = torch.randn(256, 256)
     def tm(f, dur=0.05):
         for _ in range(3):
@@ -149,7 +137,7 @@ TIMESCALE_CHILD = textwrap.dedent(
     rows = []
     end = time.time() + float(sys.argv[1])
     while time.time() < end:
-        rows.append([time.time(), tm(lambda: s2.run(None, {"x": x})), tm(lambda: s1.run(None, {"x": x})), tm(lambda: a @ a)])
+        rows.append([time.time(), tm(conv2), tm(conv1), tm(lambda: a @ a)])
         time.sleep(0.5)
     print(json.dumps(rows))
     """
@@ -161,7 +149,8 @@ def timescale(seconds: float) -> dict:
     MatMul. Returns their ranges and the 2-thread kernel's slow episodes (over 1.5x its minimum)."""
     import numpy as np
 
-    r = subprocess.run([sys.executable, "-c", TIMESCALE_CHILD, str(seconds)], capture_output=True, text=True)
+    r = subprocess.run([sys.executable, "-c", TIMESCALE_CHILD, str(seconds), str(Path(__file__).resolve().parent)],
+                       capture_output=True, text=True)
     rows = np.array(json.loads(r.stdout))
     out = {"samples": len(rows), "spacing_s": float(np.diff(rows[:, 0]).mean())}
     for i, name in ((1, "ort_conv_2t"), (2, "ort_conv_1t"), (3, "torch_matmul_1t")):

@@ -201,8 +201,8 @@ class Runner:
         pool's worker ``p`` or, under ``keep_compiled``, one more timing of the candidate that worker 0 compiled
         in pass 0 and kept. The first window after a switch of backend warms up for ``switch_warmup`` seconds
         (the last runtime's threads may still spin). A task whose two fastest windows agree (or that needs one)
-        is done; under ``skip_contended`` only its clean windows count. Returns, per phase, one combined result per task (``median``: the minimum of the per-window
-        medians), or its first failure."""
+        is done; under ``skip_contended`` only its clean windows count. Returns, per phase, one combined result
+        per task (``median``: the minimum of the per-window medians), or its first failure."""
         cfg = self.timing
         timeout = self.timeout if timeout is None else timeout
         keep = cfg.keep_compiled

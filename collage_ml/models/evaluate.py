@@ -18,8 +18,9 @@ group), ``pairwise_accuracy`` (over every pair within a decision group whose
 true latencies differ, the fraction the prediction orders the same way; a
 predicted tie counts one half), ``pairwise_resolvable`` (the same over the
 pairs whose true latencies differ by more than 10%, the measurements' own
-agreement tolerance: the orders the labels can vouch for), ``top1_regret`` (mean over groups of the true
-latency of the predicted-fastest candidate over the truly fastest, minus 1),
+agreement tolerance: the orders the labels can vouch for), ``top1_regret``
+(mean over groups of the true latency of the predicted-fastest candidate over
+the truly fastest, minus 1),
 ``backend_pairwise_accuracy`` and ``backend_choice_regret`` (the same over
 backend groups), ``n_groups``, ``n_backend_groups`` and ``ungrouped`` (samples
 in no decision group: random subgraphs, other batch sizes, and sources that

@@ -89,11 +89,8 @@ static double mem_loop(long reps) {
 struct arg { int cpu; long iters; double ns; int kind; };
 static void *spin_thread(void *p) { struct arg *a = p; pin(a->cpu);
   a->ns = a->kind == 1 ? fma_loop(a->iters) : a->kind == 2 ? mem_loop(a->iters) : spin_loop(a->iters); return 0; }
-/* ns for the FMA (kind 1) or memory (kind 2) loop on one thread pinned to cpu */
+/* ns for the integer (kind 0), FMA (kind 1) or memory (kind 2) loop on one thread pinned to cpu */
 double kind_on(int kind, int cpu, long iters) { struct arg a = {cpu, iters, 0, kind}; pthread_t t;
-  pthread_create(&t, 0, spin_thread, &a); pthread_join(t, 0); return a.ns; }
-/* ns for the loop on one thread pinned to cpu */
-double spin_on(int cpu, long iters) { struct arg a = {cpu, iters, 0, 0}; pthread_t t;
   pthread_create(&t, 0, spin_thread, &a); pthread_join(t, 0); return a.ns; }
 /* ns of the slower of two loops run at once, one per cpu */
 double spin_both(long iters) { struct arg a = {0, iters, 0, 0}, b = {1, iters, 0, 0}; pthread_t t, u;
@@ -135,21 +132,18 @@ def build_lib(tmp: Path) -> ctypes.CDLL:
     src.write_text(DETECT_C)
     subprocess.run([cc, "-O2", "-march=native", "-shared", "-fPIC", "-pthread", str(src), "-o", str(lib)], check=True)
     d = ctypes.CDLL(str(lib))
-    d.spin_on.restype = d.spin_both.restype = d.pingpong.restype = d.kind_on.restype = ctypes.c_double
+    d.spin_both.restype = d.pingpong.restype = d.kind_on.restype = ctypes.c_double
     d.kind_on.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_long]
-    d.spin_on.argtypes = [ctypes.c_int, ctypes.c_long]
     d.spin_both.argtypes = [ctypes.c_long]
     d.pingpong.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_double]
     return d
 
 
 def steal_ticks() -> list[int]:
-    out = []
-    with open("/proc/stat") as f:
-        for line in f:
-            if line.startswith("cpu") and line[3].isdigit():
-                out.append(int(line.split()[8]))
-    return out
+    """The hypervisor's steal of CPU 0 and CPU 1 since boot, in ``/proc/stat`` ticks."""
+    from collage_ml.measure.timing import STAT_TICK, steal_seconds
+
+    return [round((steal_seconds([c]) or 0.0) / STAT_TICK) for c in (0, 1)]
 
 
 def ort_sessions():
@@ -227,8 +221,8 @@ def main() -> None:
             s0 = steal_ticks()
             t = time.time()
             r = {"t": t, "kernel_2t_us": time_for(k2, 0.05)}
-            r["spin0_us"] = min(lib.spin_on(0, iters) for _ in range(3)) / 1e3
-            r["spin1_us"] = min(lib.spin_on(1, iters) for _ in range(3)) / 1e3
+            r["spin0_us"] = min(lib.kind_on(0, 0, iters) for _ in range(3)) / 1e3
+            r["spin1_us"] = min(lib.kind_on(0, 1, iters) for _ in range(3)) / 1e3
             r["spin_both_us"] = min(lib.spin_both(iters) for _ in range(3)) / 1e3
             r["fma0_us"] = min(lib.kind_on(1, 0, 20_000) for _ in range(3)) / 1e3
             r["fma1_us"] = min(lib.kind_on(1, 1, 20_000) for _ in range(3)) / 1e3
@@ -238,7 +232,7 @@ def main() -> None:
             r["futex_us"] = lib.pingpong(100, 1, 20.0) / 1e3
             r["kernel_1t_us"] = time_for(k1, 0.05)
             s1 = steal_ticks()
-            r["steal0"], r["steal1"] = (s1[0] - s0[0]), (s1[1] - s0[1]) if len(s1) > 1 else 0
+            r["steal0"], r["steal1"] = s1[0] - s0[0], s1[1] - s0[1]
             rows.append(r)
             time.sleep(args.spacing)
     k = np.array([r["kernel_2t_us"] for r in rows])

@@ -28,18 +28,19 @@ HIGHER_IS_BETTER = frozenset({"pairwise_accuracy", "pairwise_resolvable", "kenda
 RESOLVABLE = 1.10
 
 
+def _pair_diffs(a: np.ndarray) -> np.ndarray:
+    """a_i - a_j for i < j, flattened."""
+    return np.subtract.outer(a, a)[np.triu_indices(len(a), 1)]
+
+
 def _pair_signs(a: np.ndarray) -> np.ndarray:
     """sign(a_i - a_j) for i < j, flattened."""
-    d = np.sign(np.subtract.outer(a, a))
-    iu = np.triu_indices(len(a), 1)
-    return d[iu]
+    return np.sign(_pair_diffs(a))
 
 
-def _pair_log_gaps(a: np.ndarray) -> np.ndarray:
-    """log(a_i / a_j) for i < j, flattened (in the order of :func:`_pair_signs`); NaN where not positive."""
-    la = np.log(np.where(a > 0, a, np.nan))
-    d = np.subtract.outer(la, la)
-    return d[np.triu_indices(len(a), 1)]
+def _pairs_right(agree: np.ndarray) -> float:
+    """How many of the pairs whose sign products are ``agree`` the prediction orders right (a tie: one half)."""
+    return float((agree > 0).sum()) + 0.5 * float((agree == 0).sum())
 
 
 def ranking_metrics(true: np.ndarray, pred: np.ndarray, groups: Iterable[np.ndarray]) -> dict[str, Any]:
@@ -67,14 +68,11 @@ def ranking_metrics(true: np.ndarray, pred: np.ndarray, groups: Iterable[np.ndar
         st, sp = _pair_signs(t), _pair_signs(p)
         valid = st != 0
         pairs += int(valid.sum())
-        agree = st[valid] * sp[valid]
-        score += float((agree > 0).sum()) + 0.5 * float((agree == 0).sum())
-        with np.errstate(divide="ignore", invalid="ignore"):
-            ratio = np.abs(_pair_log_gaps(t))
-        far = valid & (ratio > math.log(RESOLVABLE))
+        score += _pairs_right(st[valid] * sp[valid])
+        # log gaps of the true latencies (NaN, never far, where one is not positive)
+        far = valid & (np.abs(_pair_diffs(np.log(np.where(t > 0, t, np.nan)))) > math.log(RESOLVABLE))
         far_pairs += int(far.sum())
-        fa = st[far] * sp[far]
-        far_score += float((fa > 0).sum()) + 0.5 * float((fa == 0).sum())
+        far_score += _pairs_right(st[far] * sp[far])
         denom = math.sqrt(float(valid.sum()) * float((sp != 0).sum()))
         if denom > 0:
             taus.append(float((st * sp).sum()) / denom)

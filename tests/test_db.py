@@ -217,6 +217,15 @@ WRITER = textwrap.dedent(
 
     path, tag, n, timeout = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4])
     db = Database(path, timeout=timeout)
+    if len(sys.argv) > 5:  # say "locked" once the first write has been refused and is being retried
+        import threading, time
+
+        def announce():
+            while db.retries == 0:
+                time.sleep(0.002)
+            print("locked", flush=True)
+
+        threading.Thread(target=announce, daemon=True).start()
     print("ready", flush=True)
     i = 0
     while n < 0 or i < n:
@@ -241,10 +250,10 @@ WRITER = textwrap.dedent(
 )
 
 
-def _spawn(path, tag, n, timeout=30.0):
+def _spawn(path, tag, n, timeout=30.0, announce=False):
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     return subprocess.Popen(
-        [sys.executable, "-c", WRITER, str(path), tag, str(n), str(timeout)],
+        [sys.executable, "-c", WRITER, str(path), tag, str(n), str(timeout)] + (["announce"] if announce else []),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -289,10 +298,13 @@ def test_two_concurrent_writers_lose_nothing(tmp_path):
     # must go through the retry path
     lock = sqlite3.connect(path, isolation_level=None)
     lock.execute("BEGIN IMMEDIATE")
-    procs = [_spawn(path, "a", n), _spawn(path, "b", n, timeout=0.001)]
+    procs = [_spawn(path, "a", n), _spawn(path, "b", n, timeout=0.001, announce=True)]
     for p in procs:  # opening an existing database writes nothing, so both get this far under the lock
         assert p.stdout.readline().strip() == "ready", p.stderr.read()
-    time.sleep(1.0)  # both are waiting for their first commit now (generous: the machine may be loaded)
+    # hold the lock until b says its first write was refused (no fixed sleep: a loaded machine may take
+    # seconds to get there; b itself gives up after DEFAULT_RETRY_S, and then readline returns "")
+    line = procs[1].stdout.readline().strip()
+    assert line == "locked", (line, procs[1].stderr.read() if not line else "")
     lock.execute("COMMIT")
     lock.close()
     outs, retries = [], []
@@ -307,7 +319,7 @@ def test_two_concurrent_writers_lose_nothing(tmp_path):
         assert d._conn.execute("PRAGMA integrity_check").fetchall() == [("ok",)]
         assert len(d) == 2 * n + 1  # plus the one key both wrote
     for tag, out in zip(("a", "b"), outs):
-        ids = [int(x) for x in out.split()]  # "ready" was read above
+        ids = [int(x) for x in out.split()]  # "ready" (and b's "locked") were read above
         assert sorted(ids) == list(range(n))
         assert {f"{tag}-{i}" for i in ids} <= stored
     assert "shared" in stored

@@ -84,3 +84,19 @@ class SlightlyWrongFixture(OnnxRuntimeBackend):
 
     def _version(self) -> str:
         return "slightly-wrong-1+" + super()._version()
+
+
+class SlowFixture(OnnxRuntimeBackend):
+    """onnxruntime plus 2 ms of busy waiting per call: a plan on it is slower by a known amount."""
+
+    name = "test-slow"
+    DELAY = 2e-3
+
+    def compile(self, sg, threads=1):
+        def slow(outs):
+            end = time.perf_counter() + self.DELAY
+            while time.perf_counter() < end:
+                pass
+            return outs
+
+        return _Wrap(super().compile(sg, threads), slow)

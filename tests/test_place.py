@@ -31,8 +31,11 @@ def test_place_every_tiny_model_matches_reference(model, tmp_path):
     assert rep["max_abs_error"] < 1e-3
     # a fresh database: every distinct candidate was measured in this run (a cache hit is a repeat of one)
     assert rep["measurements"] >= rep["distinct_candidates"] > 0
-    # the chosen plan is the fastest of the plans measured end to end in this run
+    # the chosen plan is the fastest of the plans measured end to end in this run; when several were close,
+    # the fastest of those timed again head to head (README, "Search")
     e2e = {k: v for k, v in rep["plans_e2e_ms"].items() if v is not None}
+    if rep["head_to_head"] is not None:
+        e2e = {k: v["ms"] for k, v in rep["head_to_head"]["plans"].items() if v["ms"] is not None}
     assert rep["plan_latency_ms"] == pytest.approx(min(e2e.values()))
     for p in rep["partitions"]:
         assert p["backend"] in ("onnxruntime", "openvino", "torch") and p["nodes"] > 0

@@ -333,10 +333,13 @@ def test_every_plan_judged_end_to_end_is_kept(tmp_path):
         assert s.summary["partitions"] == 2 and s.summary["executed_partitions"] == 1  # merged when compiled
 
 
-def test_place_keeps_every_plan_it_judged(tmp_path):
+def test_place_keeps_every_plan_it_judged(tmp_path, monkeypatch):
+    """Every end-to-end run is kept, the head-to-head ones too, and the plan kept is the head-to-head's fastest."""
     import collage_ml
+    from collage_ml.search import judging
     from collage_ml.search.evolutionary import EvoConfig
 
+    monkeypatch.setattr(judging, "HEAD_TO_HEAD_MARGIN", 1e9)  # every plan is in the close contest, whatever the CPU
     db = tmp_path / "m.db"
     pm = collage_ml.place("dcgan-tiny", backends="onnxruntime,torch", db=db, max_region_size=2, timing=FAST,
                           evo_config=EvoConfig(generations=1, measure_per_generation=2, random_seeds=1))
@@ -344,8 +347,14 @@ def test_place_keeps_every_plan_it_judged(tmp_path):
     with Database(db, readonly=True) as d:
         ps = d.plan_timings(hardware=rep["hardware"])
     assert ps and sum(len(p.runs) for p in ps) == rep["e2e_measurements"]
-    best = min(p.median for p in ps if p.valid)
-    assert rep["plan_latency_ms"] == pytest.approx(best * 1e3)
+    h2h = rep["head_to_head"]  # all-onnxruntime and all-torch are two plans at least
+    assert h2h is not None and 2 <= h2h["timed"] <= judging.HEAD_TO_HEAD_MAX and not h2h.get("failed")
+    runs = {run["median"] * 1e3 for p in ps for run in p.runs if run.get("method") == "head-to-head"}
+    assert len(runs) == h2h["timed"]
+    ms = {k: v["ms"] for k, v in h2h["plans"].items() if v["ms"] is not None}
+    assert rep["chosen"] in ms and rep["plan_latency_ms"] == pytest.approx(ms[rep["chosen"]])
+    assert rep["plan_latency_ms"] == pytest.approx(min(ms.values())) or len(pm.plan.partitions) == 1
+    assert all(rep["plans_e2e_ms"][k] == pytest.approx(v) for k, v in ms.items())
 
 
 def test_db_merge_cli_counts_every_kind(tmp_path, capsys):

@@ -221,14 +221,15 @@ def test_flush_without_feedback_is_none():
 
 # ----------------------------------------------------------------------------- the report
 
-#: the report's JSON keys, in order, as `place --report` has always written them (the two probe keys since #16)
+#: the report's JSON keys, in order, as `place --report` has always written them (the two probe keys and
+#: head_to_head since #16)
 KEYS = ["model", "mode", "hardware", "threads", "backends", "chosen", "plan_latency_ms", "op_level_predicted_ms",
         "op_level_ms", "op_level_plan", "fallback", "import", "invalid_by_backend", "systematic_failures",
         "graph_level_ms", "generations", "e2e_measurements", "baselines_ms", "baselines_e2e_ms", "plans_e2e_ms",
         "plan_errors", "speedup_vs_best_single", "measurements", "probe_measurements", "probe_seconds",
         "predicted_candidates", "pruned", "model_updates", "cost_model", "guided", "baselines_predicted_ms", "cache_hits", "candidates", "distinct_candidates",
         "dp_states", "dp_limit_hit", "dp_seconds", "search_seconds", "max_abs_error", "outputs_match", "mismatch",
-        "partitions"]
+        "head_to_head", "partitions"]
 
 
 def _report(**kw):
@@ -267,7 +268,7 @@ def test_guided_strategy_is_the_only_one_that_needs_a_cost_model():
 def test_a_mixed_plan_must_beat_the_best_single_backend_plan_by_the_margin():
     """End-to-end noise must not pick a mixed plan: within MIXED_PLAN_MARGIN the one-partition plan is kept."""
     from collage_ml.plan import Partition, Plan
-    from collage_ml.search.tuner import MIXED_PLAN_MARGIN, choose_plan
+    from collage_ml.search.judging import MIXED_PLAN_MARGIN, choose_plan
 
     def plan(*backends):
         return Plan("m", [Partition(b, [i]) for i, b in enumerate(backends)])
@@ -300,7 +301,7 @@ class _LabelPlan:
 def test_a_plan_caught_in_a_slow_period_in_round_one_is_timed_again(monkeypatch):
     """Round one reads plan b 25% behind a (a slow period); round two, in another process, finds b faster.
     A plan within SECOND_ROUND_MARGIN of the first round's best gets its second look; one far behind does not."""
-    from collage_ml.search import tuner
+    from collage_ml.search import judging
 
     reads = {("a", 0): 1.00, ("b", 0): 1.25, ("c", 0): 3.0, ("a", 1): 1.02, ("b", 1): 0.90, ("c", 1): 0.5}
     calls = []
@@ -309,10 +310,10 @@ def test_a_plan_caught_in_a_slow_period_in_round_one_is_timed_again(monkeypatch)
         calls.append((plan.name, process))
         return {"valid": True, "median": reads[(plan.name, process)]}
 
-    monkeypatch.setattr(tuner, "measure_plan", fake_measure_plan)
+    monkeypatch.setattr(judging, "measure_plan", fake_measure_plan)
     plans = {k: _LabelPlan(k) for k in "abc"}
-    results, count = tuner._measure_plans_e2e(None, None, plans, {}, lambda s: None)
-    assert tuner.SECOND_ROUND_MARGIN >= 0.25
+    results, count = judging.measure_plans_e2e(None, None, plans, {}, lambda s: None)
+    assert judging.SECOND_ROUND_MARGIN >= 0.25
     assert ("b", 1) in calls and ("c", 1) not in calls and count == 5
     assert results["b"]["median"] == 0.90 and results["a"]["median"] == 1.00 and results["c"]["median"] == 3.0
     assert min(results, key=lambda k: results[k]["median"]) == "b"

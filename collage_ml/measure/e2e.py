@@ -7,6 +7,11 @@ is invalid, with its error text. The timing follows the measurement protocol's
 per-process rules (``measure.timing``); the tuner times the plans it compares
 in two rounds, in opposite orders.
 
+:class:`HeadToHeadTask` (:func:`measure_head_to_head`) settles a close contest: it compiles two or three
+plans in one worker and alternates short windows of each, ABAB..., so that every plan runs in the same
+minutes. A slow period of the host (README, "Noise": such states last about 2 s) then slows every plan
+alike instead of deciding which one wins; each plan's latency is the median of its windows.
+
 Every run is kept: :func:`measure_plan` adds it to the plan's record in the
 runner's database (``plan_timings``, keyed by the plan's hash; see
 ``measure.records``), so each plan the tuner or the graph-level search judges
@@ -15,6 +20,7 @@ end to end is there for the cost model.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -87,3 +93,110 @@ def measure_plan(runner, graph, plan, reference, process: int = 0) -> dict:
     result = worker.run(task, runner.timeout * 4)
     record_plan_timing(runner, graph, plan, backends, result, process)
     return result
+
+
+#: a head-to-head gives each plan this many windows, alternating plans window by window (ABAB, then BABA)
+HEAD_TO_HEAD_ROUNDS = 8
+#: each window runs its plan for this long, and at least HEAD_TO_HEAD_MIN_CALLS calls
+HEAD_TO_HEAD_WINDOW_S = 0.15
+HEAD_TO_HEAD_MIN_CALLS = 3
+
+
+def _window(fn, seconds: float, min_calls: int, max_calls: int) -> float:
+    """The median per-call time of ``fn`` over one window: ``seconds`` long or ``max_calls`` calls, whichever
+    comes first, and at least ``min_calls`` calls."""
+    times: list[float] = []
+    start = time.perf_counter()
+    while len(times) < min_calls or (time.perf_counter() - start < seconds and len(times) < max_calls):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return float(np.median(times))
+
+
+@dataclass
+class HeadToHeadTask:
+    """Compiles and checks each plan, then times them alternately in this one process (module docstring).
+
+    The result has ``plans``: one result per plan, in order (``valid``, ``median``: the median of its
+    windows, ``samples``: each window's median per-call time, ``compile_seconds``; or ``error_text``)."""
+
+    model_bytes: bytes
+    plan_jsons: list[str]
+    feeds: dict[str, np.ndarray]
+    expected: dict[str, np.ndarray]
+    threads: int
+    #: the protocol's window bounds the calls: at most ``max_repeats`` samples of ``calls_per_sample`` calls
+    timing: TimingConfig = field(default_factory=TimingConfig)
+    tolerance: Tolerance = field(default_factory=Tolerance)
+    rounds: int = HEAD_TO_HEAD_ROUNDS
+    window_s: float = HEAD_TO_HEAD_WINDOW_S
+
+    def execute(self) -> dict:
+        import onnx
+
+        from collage_ml.backends.base import to_numpy
+        from collage_ml.ir.importers import from_onnx
+        from collage_ml.measure.timing import calls_per_sample, compare, spread_of
+        from collage_ml.plan import Plan
+
+        out: list[dict] = []
+        runs: dict[int, object] = {}
+        for i, pj in enumerate(self.plan_jsons):
+            try:
+                plan = Plan.from_json(pj, trusted=True)  # written by this run's parent, not a file
+                graph = from_onnx(onnx.load_from_string(self.model_bytes), name=plan.model)
+                t0 = time.perf_counter()
+                pm = plan.compile(graph, threads=self.threads)
+                compile_seconds = time.perf_counter() - t0
+                got = pm.run(self.feeds)
+                names = list(pm.output_names)
+                cmp = compare([to_numpy(got[n]) for n in names], self.expected, names, self.tolerance)
+                if not cmp.ok:
+                    out.append({"valid": False, "error_text": f"wrong numbers: {cmp.detail}",
+                                "max_abs_error": cmp.max_abs})
+                    continue
+                runs[i] = (lambda pm=pm: pm.run(self.feeds))
+                out.append({"valid": True, "max_abs_error": cmp.max_abs, "compile_seconds": compile_seconds,
+                            "partitions": len(pm.plan.partitions), "samples": []})
+            except Exception as e:
+                out.append({"valid": False, "error_text": describe(e)})
+        order = list(runs)
+        most: dict[int, int] = {}
+        for i in order:  # warm every plan before the first timed window
+            one = _window(runs[i], self.window_s, HEAD_TO_HEAD_MIN_CALLS, HEAD_TO_HEAD_MIN_CALLS)
+            most[i] = self.timing.max_repeats * calls_per_sample(one, self.timing)
+            _window(runs[i], self.window_s, HEAD_TO_HEAD_MIN_CALLS, most[i])
+        started = time.time()
+        for r in range(self.rounds):
+            for i in (order if r % 2 == 0 else order[::-1]):
+                if len(order) > 1:  # untimed: the last plan's runtime threads spin on for a while (switch_warmup)
+                    _window(runs[i], self.timing.switch_warmup, 1, most[i])
+                out[i]["samples"].append(_window(runs[i], self.window_s, HEAD_TO_HEAD_MIN_CALLS, most[i]))
+        for i in order:
+            w = out[i]["samples"]
+            out[i].update(median=float(np.median(w)), spread=spread_of(w), method="head-to-head", started=started)
+        return {"plans": out}
+
+
+def measure_head_to_head(runner, graph, plans: dict, reference, process: int = 0) -> dict[str, dict]:
+    """Times ``plans`` (label -> Plan) alternately in the runner's worker number ``process``
+    (:class:`HeadToHeadTask`); returns label -> result, and records each plan's run in the runner's
+    database (when it has one), as :func:`measure_plan` does."""
+    labels = list(plans)
+    feeds = {n: reference[n] for n in graph.input_names}
+    expected = {n: reference[n] for n in graph.output_names}
+    task = HeadToHeadTask(graph.model.SerializeToString(), [plans[k].to_json(specs=True) for k in labels], feeds,
+                          expected, runner.threads, runner.timing, runner.tolerance)
+    backends = {k: [p.resolve_backend() for p in plans[k].partitions] for k in labels}
+    union = list({b.name: b for bs in backends.values() for b in bs}.values())
+    worker = runner.worker_for(union, process)
+    res = worker.run(task, runner.timeout * 4 * len(labels))
+    per = res.get("plans")
+    if not isinstance(per, list) or len(per) != len(labels):  # the worker failed as a whole
+        per = [dict(res, valid=False) for _ in labels]
+    out = {}
+    for k, r in zip(labels, per):
+        record_plan_timing(runner, graph, plans[k], backends[k], r, process)
+        out[k] = r
+    return out

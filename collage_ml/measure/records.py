@@ -129,7 +129,7 @@ def plan_hash(graph_hash: str, partitions: Sequence[tuple[str, str, Sequence[int
 
 #: per-run fields kept from a worker's result dict (``measure.e2e.PlanTask``)
 _RUN_FIELDS = ("median", "spread", "samples", "compile_seconds", "max_abs_error", "partitions", "calls_per_sample",
-               "pressure", "retimed", "contended", "cpus_available", "error_text")
+               "pressure", "retimed", "contended", "cpus_available", "error_text", "method")
 
 
 def run_from_result(result: dict, process: int, timestamp: float | None = None) -> dict:

@@ -27,7 +27,7 @@ mode would measure in full:
    pair's boundary at 0 until a chosen plan uses it, then measures it), or
    when the chosen plan is predicted to beat the best plan measured in full
    by no more than ``min_gain`` (5%, the tuner's margin for a mixed plan over
-   a single backend, :data:`~collage_ml.search.tuner.MIXED_PLAN_MARGIN`: a
+   a single backend, :data:`~collage_ml.search.judging.MIXED_PLAN_MARGIN`: a
    smaller gain is inside the predictions' error, and would not be kept end
    to end either); then it keeps the measured plan. So that such a plan
    exists from the start, the first round also measures the whole model on

@@ -60,6 +60,9 @@ class PlaceReport(Mapping):
     max_abs_error: float
     outputs_match: bool
     mismatch: str | None
+    #: the close contest timed again head to head (``search.judging.settle_close_contest``): ``plans`` (label ->
+    #: ``earlier_ms``, ``ms``) and ``seconds``; None when one plan stood alone
+    head_to_head: dict | None = None
     partitions: list[dict] = field(default_factory=list)
     model_saved_to: str | None = None
 

@@ -6,7 +6,8 @@ picks the cheapest cover by the sum of measured candidate costs plus measured
 boundary costs. Then every plan worth considering is judged by its *executed*
 end-to-end latency: the DP plan (after merging adjacent same-backend
 regions) and, for every backend that can run the whole model, that backend
-alone. The fastest measured plan wins, so a placement is never slower than
+alone. How they are judged, and which one is kept, is :mod:`collage_ml.search.judging`'s
+(the close contest is timed again head to head), so a placement is never slower than
 the best single backend by more than noise.
 
 ``mode="guided"`` differs only in what it measures: the cost model predicts
@@ -35,7 +36,7 @@ from collage_ml.db import default_db_path
 from collage_ml.defaults import MAX_REGION_SIZE
 from collage_ml.errors import CollageError, describe
 from collage_ml.ir.graph import Graph
-from collage_ml.measure.e2e import measure_plan
+from collage_ml.measure.e2e import measure_head_to_head, measure_plan
 from collage_ml.measure.runner import Runner
 from collage_ml.measure.timing import Tolerance, TimingConfig
 from collage_ml.placed import PlacedModel
@@ -43,6 +44,7 @@ from collage_ml.plan import Plan
 from collage_ml.search.evolutionary import EvoConfig, GraphLevelSearch
 from collage_ml.search.failures import FailureLog, no_cover_reason, uncovered_nodes
 from collage_ml.search.guided import GuidedConfig
+from collage_ml.search.judging import choose_plan, measure_plans_e2e, settle_close_contest
 from collage_ml.search.report import PlaceReport
 from collage_ml.search.strategies import Exhaustive, Guided, Problem, Strategy
 
@@ -176,7 +178,7 @@ class Tuner:
                 if (cost is not None and cost >= REUSE_WHOLE_MODEL_TIMING_ABOVE
                         and not self.strategy.surprising(c, cost)):
                     known_plans[label] = {"valid": True, "median": cost, "source": "whole-model candidate"}
-        results, e2e_count = _measure_plans_e2e(runner, graph, plans, p.ref, say, known_plans)
+        results, e2e_count = measure_plans_e2e(runner, graph, plans, p.ref, say, known_plans)
         evo = None
         region_names = [b.name for b in backends if any(pt.kind == "region" for pt in b.patterns)]
         if dp is None and not results:
@@ -196,6 +198,10 @@ class Tuner:
             errors = "; ".join(f"{k}: {v.get('error_text')}" for k, v in results.items())
             raise CollageError(f"no plan ran correctly end to end ({errors})"
                                + (f"; no finer plan: {fallback}" if fallback else ""))
+        head_to_head = settle_close_contest(
+            valid, plans, lambda contenders: measure_head_to_head(runner, graph, contenders, p.ref), say)
+        if head_to_head is not None:
+            e2e_count += head_to_head["timed"]
         best_label = choose_plan(valid, plans)
         best = plans[best_label]
         best.measured_ms = valid[best_label]["median"] * 1e3
@@ -244,6 +250,7 @@ class Tuner:
             max_abs_error=check.max_abs,
             outputs_match=check.ok,
             mismatch=check.detail,
+            head_to_head=head_to_head,
             partitions=[
                 {"backend": pt.backend, "nodes": len(pt.nodes), "predicted_ms": pt.predicted_ms,
                  "measured_ms": pt.measured_ms}
@@ -356,72 +363,8 @@ def _fallback_baselines(graph: Graph, backends: Sequence[Backend], have: Sequenc
             if isinstance(b, OnnxRuntimeBackend) and not any(x.backend is b for x in have)]
 
 
-#: a plan slower than the first round's best by more than this fraction is not measured again in round two.
-#: It was 0.10, on the belief that plan latencies repeat within a few percent; on the 2-vCPU VMs they do not in
-#: a slow period: in an exhaustive placement of resnext50 on the Zen 5 (family 26 model 2, 2026-12-01 19:30 UTC,
-#: ``benchmarks/guided_vs_exhaustive.py --session``) all-OpenVINO read more than 10% behind all-ONNX Runtime
-#: (28.3 ms) in round one, was never timed again, and the plan kept re-timed at 26.1 ms against OpenVINO's
-#: 21.3 ms. Slow periods there shift everything timed in them by up to about 30% (README, "Noise").
-SECOND_ROUND_MARGIN = 0.35
-#: a plan of several partitions wins only if it is faster end to end than the best one-partition plan by more than
-#: this fraction. End-to-end timings of sub-millisecond plans move by more than the gains they are asked to
-#: tell apart: on the Zen 5 (family 26 model 2, 2026-12-01) dcgan's all-OpenVINO plan read 0.904 and 1.033 ms in
-#: the two processes of one guided run, and a two-backend plan that read 0.879 ms there (2.8% ahead) re-measured
-#: at 0.942 ms against all-OpenVINO's 0.795 ms (``benchmarks/guided_vs_exhaustive.py --session``). A mixed plan
-#: pays hand-offs and a more fragile deployment; without a margin, noise alone picks it.
-MIXED_PLAN_MARGIN = 0.05
-
-
-def choose_plan(valid: Mapping[str, dict], plans: Mapping[str, Plan], margin: float = MIXED_PLAN_MARGIN) -> str:
-    """The label of the plan to keep among ``valid`` (label -> end-to-end result): the fastest, unless it has
-    several partitions and is not faster than the fastest one-partition plan by more than ``margin``."""
-    best = min(valid, key=lambda k: valid[k]["median"])
-    if len(plans[best].partitions) <= 1:
-        return best
-    singles = [k for k in valid if len(plans[k].partitions) == 1]
-    if not singles:
-        return best
-    single = min(singles, key=lambda k: valid[k]["median"])
-    return best if valid[best]["median"] < valid[single]["median"] * (1.0 - margin) else single
-
-
 #: guided mode: a whole-model plan whose native whole-model timing is at least this many seconds is not re-timed
 REUSE_WHOLE_MODEL_TIMING_ABOVE = 5e-3
-
-
-def _measure_plans_e2e(runner, graph, plans: Mapping[str, Plan], ref, say,
-                       known: Mapping[str, dict] | None = None) -> tuple[dict[str, dict], int]:
-    """(label -> best end-to-end result, number of measurements made).
-
-    ``known`` (label -> result) are plans already measured whole (guided mode: a
-    one-partition plan is its whole-model candidate, timed natively); they are not run again.
-    """
-    distinct: dict[tuple, list[str]] = {}
-    for label, plan in plans.items():
-        distinct.setdefault(plan.canonical(), []).append(label)
-    order = list(distinct)
-    best: dict[tuple, dict] = {}
-    for canon, labels in distinct.items():
-        for label in labels:
-            if known and label in known:
-                best[canon] = dict(known[label])
-    order = [c for c in order if c not in best]
-    count = 0
-    for rnd, seq in enumerate((order, order[::-1])):
-        if rnd == 1:
-            first = [r["median"] for r in best.values() if r.get("valid")]
-            cutoff = min(first) * (1 + SECOND_ROUND_MARGIN) if first else float("inf")
-        for canon in seq:
-            label = distinct[canon][0]
-            if rnd == 0:
-                say(f"measuring plan {label} end to end ({len(plans[label].partitions)} partitions)")
-            elif not best[canon].get("valid") or best[canon]["median"] > cutoff:
-                continue
-            r = measure_plan(runner, graph, plans[label], ref, process=rnd)  # each round in its own process
-            count += 1
-            if canon not in best or (r.get("valid") and r["median"] < best[canon].get("median", float("inf"))):
-                best[canon] = r
-    return {label: best[canon] for canon, labels in distinct.items() for label in labels}, count
 
 
 def _graph_level(runner, graph, dp_plan, backends, region_names, plans, results, ref, cost_of, table,

@@ -196,6 +196,8 @@ def main() -> None:
                 "pruned": rep.get("pruned", 0),
                 "predicted_candidates": rep.get("predicted_candidates", 0),
                 "guided": rep.get("guided"),
+                "head_to_head": rep.get("head_to_head"),
+                "plans_e2e_ms": rep.get("plans_e2e_ms"),
                 "plan": pm.plan.to_json(),
             }
             row[variant]["_plan"] = pm.plan

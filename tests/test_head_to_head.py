@@ -102,3 +102,22 @@ def test_head_to_head_times_real_plans_alternately_and_keeps_the_runs(tmp_path):
     assert got["fast"]["median"] < SlowFixture.DELAY
     assert sorted(run["status"] for run in runs) == ["invalid", "valid", "valid"]
     assert sorted(run.get("method", "") for run in runs) == ["", "head-to-head", "head-to-head"]
+
+
+def test_a_reused_whole_model_timing_gets_a_wider_margin():
+    """A native whole-model timing (guided mode reuses them) was taken in one stretch: 1.6x behind, it is still
+    timed head to head; an end-to-end timing 1.6x behind is not."""
+    from collage_ml.search.judging import HEAD_TO_HEAD_REUSED_MARGIN, REUSED_SOURCE
+
+    plans = {"op-level": plan("b"), "all-a": plan("a")}
+    asked = []
+
+    def duel(contenders):
+        asked.append(sorted(contenders))
+        return {k: {"valid": True, "median": 1.0} for k in contenders}
+
+    assert HEAD_TO_HEAD_REUSED_MARGIN >= 0.7  # slow periods read kernels up to about 1.7x slower (README, "Noise")
+    valid = {"op-level": {"valid": True, "median": 1.0}, "all-a": {"valid": True, "median": 1.6}}
+    assert settle_close_contest(valid, plans, duel) is None and asked == []
+    valid["all-a"]["source"] = REUSED_SOURCE
+    assert settle_close_contest(valid, plans, duel)["timed"] == 2 and asked == [["all-a", "op-level"]]

@@ -30,6 +30,30 @@ from collage_ml.measure.records import record_plan_timing
 from collage_ml.measure.timing import Tolerance, TimingConfig
 
 
+def _compile_and_check(model_bytes: bytes, plan_json: str, feeds, expected, threads: int, tolerance: Tolerance):
+    """Compiles a plan in this worker and checks its outputs against the reference: (the placed model, its
+    result fields so far), or (None, the invalid result) when the numbers are wrong. Errors raise."""
+    import onnx
+
+    from collage_ml.backends.base import to_numpy
+    from collage_ml.ir.importers import from_onnx
+    from collage_ml.measure.timing import compare
+    from collage_ml.plan import Plan
+
+    plan = Plan.from_json(plan_json, trusted=True)  # written by this run's parent, not a file
+    graph = from_onnx(onnx.load_from_string(model_bytes), name=plan.model)
+    t0 = time.perf_counter()
+    pm = plan.compile(graph, threads=threads)
+    compile_seconds = time.perf_counter() - t0
+    out = pm.run(feeds)
+    names = list(pm.output_names)
+    cmp = compare([to_numpy(out[n]) for n in names], expected, names, tolerance)
+    if not cmp.ok:
+        return None, {"valid": False, "error_text": f"wrong numbers: {cmp.detail}", "max_abs_error": cmp.max_abs}
+    return pm, {"valid": True, "max_abs_error": cmp.max_abs, "compile_seconds": compile_seconds,
+                "partitions": len(pm.plan.partitions)}
+
+
 @dataclass
 class PlanTask:
     model_bytes: bytes
@@ -41,33 +65,16 @@ class PlanTask:
     tolerance: Tolerance = field(default_factory=Tolerance)
 
     def execute(self) -> dict:
-        import time
-
-        import onnx
-
-        from collage_ml.backends.base import to_numpy
-        from collage_ml.ir.importers import from_onnx
-        from collage_ml.measure.timing import compare, time_callable
-        from collage_ml.plan import Plan
+        from collage_ml.measure.tasks import timing_fields
+        from collage_ml.measure.timing import time_callable
 
         try:
-            plan = Plan.from_json(self.plan_json, trusted=True)  # written by this run's parent, not a file
-            graph = from_onnx(onnx.load_from_string(self.model_bytes), name=plan.model)
-            t0 = time.perf_counter()
-            pm = plan.compile(graph, threads=self.threads)
-            compile_seconds = time.perf_counter() - t0
-            out = pm.run(self.feeds)
-            names = list(pm.output_names)
-            cmp = compare([to_numpy(out[n]) for n in names], self.expected, names, self.tolerance)
-            if not cmp.ok:
-                return {"valid": False, "error_text": f"wrong numbers: {cmp.detail}", "max_abs_error": cmp.max_abs}
+            pm, checked = _compile_and_check(self.model_bytes, self.plan_json, self.feeds, self.expected,
+                                             self.threads, self.tolerance)
+            if pm is None:
+                return checked
             res = time_callable(lambda: pm.run(self.feeds), self.timing)
-            from collage_ml.measure.tasks import timing_fields
-
-            return {
-                "valid": True, "max_abs_error": cmp.max_abs, "compile_seconds": compile_seconds,
-                "partitions": len(pm.plan.partitions), **timing_fields(res),
-            }
+            return {**checked, **timing_fields(res)}
         except Exception as e:
             return {"valid": False, "error_text": describe(e)}
 
@@ -133,46 +140,35 @@ class HeadToHeadTask:
     window_s: float = HEAD_TO_HEAD_WINDOW_S
 
     def execute(self) -> dict:
-        import onnx
-
-        from collage_ml.backends.base import to_numpy
-        from collage_ml.ir.importers import from_onnx
-        from collage_ml.measure.timing import calls_per_sample, compare, spread_of
-        from collage_ml.plan import Plan
+        from collage_ml.measure.timing import calls_per_sample, spread_of
 
         out: list[dict] = []
         runs: dict[int, object] = {}
         for i, pj in enumerate(self.plan_jsons):
             try:
-                plan = Plan.from_json(pj, trusted=True)  # written by this run's parent, not a file
-                graph = from_onnx(onnx.load_from_string(self.model_bytes), name=plan.model)
-                t0 = time.perf_counter()
-                pm = plan.compile(graph, threads=self.threads)
-                compile_seconds = time.perf_counter() - t0
-                got = pm.run(self.feeds)
-                names = list(pm.output_names)
-                cmp = compare([to_numpy(got[n]) for n in names], self.expected, names, self.tolerance)
-                if not cmp.ok:
-                    out.append({"valid": False, "error_text": f"wrong numbers: {cmp.detail}",
-                                "max_abs_error": cmp.max_abs})
-                    continue
-                runs[i] = (lambda pm=pm: pm.run(self.feeds))
-                out.append({"valid": True, "max_abs_error": cmp.max_abs, "compile_seconds": compile_seconds,
-                            "partitions": len(pm.plan.partitions), "samples": []})
+                pm, checked = _compile_and_check(self.model_bytes, pj, self.feeds, self.expected, self.threads,
+                                                 self.tolerance)
             except Exception as e:
-                out.append({"valid": False, "error_text": describe(e)})
+                checked, pm = {"valid": False, "error_text": describe(e)}, None
+            if pm is not None:
+                runs[i] = (lambda pm=pm: pm.run(self.feeds))
+                checked["samples"] = []
+            out.append(checked)
         order = list(runs)
         most: dict[int, int] = {}
-        for i in order:  # warm every plan before the first timed window
-            one = _window(runs[i], self.window_s, HEAD_TO_HEAD_MIN_CALLS, HEAD_TO_HEAD_MIN_CALLS)
-            most[i] = self.timing.max_repeats * calls_per_sample(one, self.timing)
-            _window(runs[i], self.window_s, HEAD_TO_HEAD_MIN_CALLS, most[i])
         started = time.time()
-        for r in range(self.rounds):
-            for i in (order if r % 2 == 0 else order[::-1]):
-                if len(order) > 1:  # untimed: the last plan's runtime threads spin on for a while (switch_warmup)
-                    _window(runs[i], self.timing.switch_warmup, 1, most[i])
-                out[i]["samples"].append(_window(runs[i], self.window_s, HEAD_TO_HEAD_MIN_CALLS, most[i]))
+        try:
+            for i in order:  # warm every plan before the first timed window
+                one = _window(runs[i], self.window_s, HEAD_TO_HEAD_MIN_CALLS, HEAD_TO_HEAD_MIN_CALLS)
+                most[i] = self.timing.max_repeats * calls_per_sample(one, self.timing)
+                _window(runs[i], self.window_s, HEAD_TO_HEAD_MIN_CALLS, most[i])
+            for r in range(self.rounds):
+                for i in (order if r % 2 == 0 else order[::-1]):
+                    if len(order) > 1:  # untimed: the last plan's runtime threads spin on for a while
+                        _window(runs[i], self.timing.switch_warmup, 1, most[i])
+                    out[i]["samples"].append(_window(runs[i], self.window_s, HEAD_TO_HEAD_MIN_CALLS, most[i]))
+        except Exception as e:  # a plan that ran once and then raised: no timing of this contest counts
+            return {"plans": [{"valid": False, "error_text": describe(e)} for _ in out]}
         for i in order:
             w = out[i]["samples"]
             out[i].update(median=float(np.median(w)), spread=spread_of(w), method="head-to-head", started=started)

@@ -28,12 +28,10 @@ def _worker_main(fd: int, threads: int) -> None:
 
     conn = Connection(fd)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C
-    try:
-        import torch
-
-        torch.set_num_threads(threads)
-    except ImportError:  # pragma: no cover
-        pass
+    # torch is not imported here: the torch backends import it and set its threads themselves
+    # (``backends.torch_backend.set_threads``), and importing it in every worker cost about 1 s of each start
+    # (boot imports 1.73 s against 0.58 s on the Zen 5,
+    # family 26 model 2, where ONNX Runtime's and OpenVINO's latencies did not change: benchmarks/worker_boot.py)
     # warm the imports before the first timed task (the tasks' own modules)
     import collage_ml.ir.importers  # noqa: F401
     import collage_ml.measure.tasks  # noqa: F401

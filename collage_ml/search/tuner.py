@@ -44,7 +44,7 @@ from collage_ml.plan import Plan
 from collage_ml.search.evolutionary import EvoConfig, GraphLevelSearch
 from collage_ml.search.failures import FailureLog, no_cover_reason, uncovered_nodes
 from collage_ml.search.guided import GuidedConfig
-from collage_ml.search.judging import choose_plan, measure_plans_e2e, settle_close_contest
+from collage_ml.search.judging import REUSED_SOURCE, choose_plan, measure_plans_e2e, settle_close_contest
 from collage_ml.search.report import PlaceReport
 from collage_ml.search.strategies import Exhaustive, Guided, Problem, Strategy
 
@@ -177,7 +177,7 @@ class Tuner:
                 cost = cost_of.get(c.key) if c is not None else None
                 if (cost is not None and cost >= REUSE_WHOLE_MODEL_TIMING_ABOVE
                         and not self.strategy.surprising(c, cost)):
-                    known_plans[label] = {"valid": True, "median": cost, "source": "whole-model candidate"}
+                    known_plans[label] = {"valid": True, "median": cost, "source": REUSED_SOURCE}
         results, e2e_count = measure_plans_e2e(runner, graph, plans, p.ref, say, known_plans)
         evo = None
         region_names = [b.name for b in backends if any(pt.kind == "region" for pt in b.patterns)]

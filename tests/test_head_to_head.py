@@ -82,7 +82,7 @@ def test_a_failed_duel_keeps_the_earlier_timings():
 def test_head_to_head_times_real_plans_alternately_and_keeps_the_runs(tmp_path):
     from collage_ml.backends.onnxruntime_backend import OnnxRuntimeBackend
     from collage_ml.ir.importers import from_onnx
-    from collage_ml.measure.e2e import HEAD_TO_HEAD_ROUNDS, measure_head_to_head
+    from collage_ml.measure.e2e import HEAD_TO_HEAD_MIN_ROUNDS, HEAD_TO_HEAD_ROUNDS, measure_head_to_head
     from collage_ml.measure.runner import Runner
     from tests.fake_backends import SlowFixture, WrongNumbersFixture
 
@@ -95,8 +95,9 @@ def test_head_to_head_times_real_plans_alternately_and_keeps_the_runs(tmp_path):
         runs = [run for p in db.plan_timings() for run in p.runs]
     assert got["fast"]["valid"] and got["slow"]["valid"]
     assert not got["wrong"]["valid"] and "wrong numbers" in got["wrong"]["error_text"]
-    for k in ("fast", "slow"):
-        assert len(got[k]["samples"]) == HEAD_TO_HEAD_ROUNDS and got[k]["method"] == "head-to-head"
+    for k in ("fast", "slow"):  # 2 ms apart in every round: decided after the first HEAD_TO_HEAD_MIN_ROUNDS
+        assert len(got[k]["samples"]) == HEAD_TO_HEAD_MIN_ROUNDS < HEAD_TO_HEAD_ROUNDS
+        assert got[k]["method"] == "head-to-head"
     # the slow plan is the fast one plus 2 ms of busy waiting per call
     assert got["slow"]["median"] - got["fast"]["median"] >= 0.9 * SlowFixture.DELAY
     assert got["fast"]["median"] < SlowFixture.DELAY
@@ -121,3 +122,17 @@ def test_a_reused_whole_model_timing_gets_a_wider_margin():
     assert settle_close_contest(valid, plans, duel) is None and asked == []
     valid["all-a"]["source"] = REUSED_SOURCE
     assert settle_close_contest(valid, plans, duel)["timed"] == 2 and asked == [["all-a", "op-level"]]
+
+
+def test_a_contest_is_decided_when_every_round_says_the_same_by_the_margin():
+    from collage_ml.measure.e2e import HEAD_TO_HEAD_CLEAR, decided
+
+    assert HEAD_TO_HEAD_CLEAR == pytest.approx(0.10)
+    assert decided([[1.0, 1.0, 1.0], [1.2, 1.3, 1.15]])
+    assert decided([[1.2, 1.3, 1.15], [1.0, 1.0, 1.0]])  # whichever plan leads
+    # one round in which the other plan came within 10% (or ahead): not decided, whatever the medians say
+    assert not decided([[1.0, 1.0, 1.0], [1.2, 1.05, 1.3]])
+    assert not decided([[1.0, 1.0, 1.0], [1.2, 1.3, 1.3], [1.0, 1.0, 0.99]])
+    # a slow period inside one round slows both plans of that round alike
+    assert decided([[1.0, 1.8, 1.0], [1.2, 2.1, 1.2]])
+    assert decided([[1.0]])

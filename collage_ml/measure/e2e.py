@@ -10,7 +10,8 @@ in two rounds, in opposite orders.
 :class:`HeadToHeadTask` (:func:`measure_head_to_head`) settles a close contest: it compiles two or three
 plans in one worker and alternates short windows of each, ABAB..., so that every plan runs in the same
 minutes. A slow period of the host (README, "Noise": such states last about 2 s) then slows every plan
-alike instead of deciding which one wins; each plan's latency is the median of its windows.
+alike instead of deciding which one wins; each plan's latency is the median of its windows. A contest that is
+clear after three rounds (every other plan more than 10% behind the leader in each round) stops there.
 
 Every run is kept: :func:`measure_plan` adds it to the plan's record in the
 runner's database (``plan_timings``, keyed by the plan's hash; see
@@ -107,6 +108,21 @@ HEAD_TO_HEAD_ROUNDS = 8
 #: each window runs its plan for this long, and at least HEAD_TO_HEAD_MIN_CALLS calls
 HEAD_TO_HEAD_WINDOW_S = 0.15
 HEAD_TO_HEAD_MIN_CALLS = 3
+#: the contest stops after this many rounds once it is decided: every other plan slower than the leader by more
+#: than HEAD_TO_HEAD_CLEAR in every round so far (each round's windows are next to each other in time)
+HEAD_TO_HEAD_MIN_ROUNDS = 3
+HEAD_TO_HEAD_CLEAR = 0.10
+
+
+def decided(windows: list[list[float]], clear: float = HEAD_TO_HEAD_CLEAR) -> bool:
+    """Whether a head-to-head whose plans have these windows (one list per plan, round by round) is decided:
+    the plan of the lowest median window leads, and every other plan was slower than it by more than ``clear``
+    in each round."""
+    if len(windows) < 2:
+        return True
+    lead = min(range(len(windows)), key=lambda i: float(np.median(windows[i])))
+    return all(w > (1 + clear) * lw for i, ws in enumerate(windows) if i != lead
+               for w, lw in zip(ws, windows[lead]))
 
 
 def _window(fn, seconds: float, min_calls: int, max_calls: int) -> float:
@@ -138,6 +154,8 @@ class HeadToHeadTask:
     tolerance: Tolerance = field(default_factory=Tolerance)
     rounds: int = HEAD_TO_HEAD_ROUNDS
     window_s: float = HEAD_TO_HEAD_WINDOW_S
+    #: stop after this many rounds once the contest is decided (:func:`decided`)
+    min_rounds: int = HEAD_TO_HEAD_MIN_ROUNDS
 
     def execute(self) -> dict:
         from collage_ml.measure.timing import calls_per_sample, spread_of
@@ -167,6 +185,8 @@ class HeadToHeadTask:
                     if len(order) > 1:  # untimed: the last plan's runtime threads spin on for a while
                         _window(runs[i], self.timing.switch_warmup, 1, most[i])
                     out[i]["samples"].append(_window(runs[i], self.window_s, HEAD_TO_HEAD_MIN_CALLS, most[i]))
+                if r + 1 >= self.min_rounds and decided([out[i]["samples"] for i in order]):
+                    break
         except Exception as e:  # a plan that ran once and then raised: no timing of this contest counts
             return {"plans": [{"valid": False, "error_text": describe(e)} for _ in out]}
         for i in order:

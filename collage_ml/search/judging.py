@@ -93,7 +93,9 @@ def settle_close_contest(valid: dict[str, dict], plans: Mapping[str, Plan], duel
     close = [labels for labels in by_canon.values() if within(labels[0])][:most]
     if len(close) < 2:
         return None
-    say("timing " + ", ".join(ls[0] for ls in close) + f" again head to head (within {margin:.0%} of the fastest)")
+    say("timing " + ", ".join(ls[0] for ls in close) + f" again head to head (within {margin:.0%} of the fastest"
+        + (f", or {1 + HEAD_TO_HEAD_REUSED_MARGIN:g}x for a reused whole-model timing)"
+           if any(valid[ls[0]].get("source") == REUSED_SOURCE for ls in close) else ")"))
     t0 = time.perf_counter()
     got = duel({ls[0]: plans[ls[0]] for ls in close})
     earlier = {label: valid[label]["median"] for labels in close for label in labels}

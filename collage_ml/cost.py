@@ -60,7 +60,7 @@ class Cost:
 
 #: the measurement protocol's name and version (``measure.timing`` documents it). It is stored with every
 #: measurement and is part of the database key, so rows timed another way keep their own key.
-PROTOCOL = "m3"
+PROTOCOL = "m5"
 #: a ``failed`` measurement (timeout, crash, kill: a fact about one run) is retried up to this many attempts
 MAX_ATTEMPTS = 3
 

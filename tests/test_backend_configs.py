@@ -41,7 +41,7 @@ from tests.helpers import assert_compiled_matches_reference, chain_model
 
 ROOT = Path(__file__).resolve().parents[1]
 # one process per candidate: these tests are about placement and storage, not the protocol (test_protocol.py)
-FAST = TimingConfig(max_pressure=math.inf, contention_retries=0,
+FAST = TimingConfig(max_pressure=math.inf, max_steal=math.inf, contention_retries=0,
                     warmup=1, warmup_seconds=0.0, min_repeats=3, max_repeats=5, time_cap=0.2, processes=1, max_processes=1)
 HW = "cpu-test-t2-000000000000"
 

@@ -185,7 +185,7 @@ def test_every_json_command_prints_only_json(small, capfd, monkeypatch):
     # class itself must stay the module's, for pickling it to the workers)
     names = [f.name for f in dataclasses.fields(TimingConfig) if f.init]
     defaults = dict(zip(names, TimingConfig.__init__.__defaults__))
-    defaults.update(max_pressure=math.inf, contention_retries=0)
+    defaults.update(max_pressure=math.inf, max_steal=math.inf, contention_retries=0)
     monkeypatch.setattr(TimingConfig.__init__, "__defaults__", tuple(defaults[n] for n in names))
     commands = [
         ["calibrate", "--backends", "onnxruntime", "--db", str(db), "--json"],

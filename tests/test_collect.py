@@ -34,7 +34,7 @@ from collage_ml.measure.timing import TimingConfig
 
 # one process per candidate: these tests are about placement and storage, not the protocol (test_protocol.py)
 # contention checks off: the load on a CI machine is not what these tests are about
-FAST = TimingConfig(max_pressure=math.inf, contention_retries=0, warmup=1, warmup_seconds=0.0, min_repeats=3,
+FAST = TimingConfig(max_pressure=math.inf, max_steal=math.inf, contention_retries=0, warmup=1, warmup_seconds=0.0, min_repeats=3,
                     max_repeats=10, time_cap=0.2, processes=1, max_processes=1)
 MODEL = "dcgan-tiny"
 BACKENDS = "onnxruntime,torch"
@@ -144,7 +144,7 @@ _CHILD = textwrap.dedent(
     from collage_ml.collector import collect
     from collage_ml.measure.timing import TimingConfig
     # slow on purpose (every candidate is timed for 0.25 s) so the kill lands mid-run
-    slow = TimingConfig(max_pressure=math.inf, contention_retries=0, warmup=1, warmup_seconds=0.0, min_repeats=3,
+    slow = TimingConfig(max_pressure=math.inf, max_steal=math.inf, contention_retries=0, warmup=1, warmup_seconds=0.0, min_repeats=3,
                         max_repeats=10**6, max_spread=0.0, time_cap=0.25)
     collect(models={model!r}, backends={backends!r}, db=sys.argv[1], max_region_size=2, threads=1,
             timing=slow, progress=False)

@@ -37,7 +37,7 @@ KW = {**_KW, "backends": "onnxruntime"}
 PLAN_KW = {**_PLAN_KW, "backends": "onnxruntime"}
 # every candidate timed for ~0.25 s, so a kill lands mid-shard
 # pass_chunk=1: each candidate is committed as it is measured, so a kill can land between commits
-SLOW = TimingConfig(max_pressure=math.inf, contention_retries=0,
+SLOW = TimingConfig(max_pressure=math.inf, max_steal=math.inf, contention_retries=0,
                     warmup=1, warmup_seconds=0.0, min_repeats=3, max_repeats=10**6, max_spread=0.0, time_cap=0.25,
                     pass_chunk=1)
 

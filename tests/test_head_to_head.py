@@ -15,7 +15,7 @@ from collage_ml.search.judging import HEAD_TO_HEAD_MARGIN, choose_plan, settle_c
 
 from .helpers import chain_model
 
-FAST = TimingConfig(max_pressure=math.inf, contention_retries=0, warmup=1, warmup_seconds=0.0, min_repeats=3,
+FAST = TimingConfig(max_pressure=math.inf, max_steal=math.inf, contention_retries=0, warmup=1, warmup_seconds=0.0, min_repeats=3,
                     max_repeats=10, time_cap=0.05, processes=1, max_processes=1)
 
 

@@ -10,7 +10,7 @@ from collage_ml.measure.timing import TimingConfig, Tolerance, compare, spread_o
 from tests.fake_backends import AbortFixture, HangFixture, RaiseFixture, WrongNumbersFixture
 
 # one process per candidate: these tests are about placement and storage, not the protocol (test_protocol.py)
-FAST = TimingConfig(max_pressure=math.inf, contention_retries=0,
+FAST = TimingConfig(max_pressure=math.inf, max_steal=math.inf, contention_retries=0,
                     warmup=1, warmup_seconds=0.0, min_repeats=3, max_repeats=10, time_cap=0.2, processes=1, max_processes=1)
 
 

@@ -13,7 +13,7 @@ from collage_ml.measure.timing import TimingConfig
 from collage_ml.search.evolutionary import EvoConfig
 
 # one process per candidate: these tests are about placement and storage, not the protocol (test_protocol.py)
-FAST = TimingConfig(max_pressure=math.inf, contention_retries=0,
+FAST = TimingConfig(max_pressure=math.inf, max_steal=math.inf, contention_retries=0,
                     warmup=1, warmup_seconds=0.0, min_repeats=3, max_repeats=15, time_cap=0.1, processes=1, max_processes=1)
 TINY = [n for n in zoo.names() if n.endswith("-tiny")]
 REPORT_KEYS = {"model", "mode", "hardware", "plan_latency_ms", "baselines_ms", "measurements", "cache_hits",

@@ -18,7 +18,7 @@ from collage_ml.db import Database
 from collage_ml.ir import from_onnx
 from collage_ml.measure import timing
 from collage_ml.measure.runner import Runner, Worker, combine_runs, processes_agree, worker_path
-from collage_ml.measure.timing import LEGACY, M2, M3, M5, TimingConfig, time_callable
+from collage_ml.measure.timing import LEGACY, M2, M3, M4, M5, TimingConfig, time_callable
 from tests.fake_backends import AbortFixture, HangFixture
 from tests.fake_timing import CountingFixture, KeptCount, ModedFixture, compiles
 from tests.helpers import chain_model
@@ -48,7 +48,7 @@ class FakeClock:
 
 def test_short_calls_are_batched_into_samples_of_at_least_min_sample_seconds():
     clock = FakeClock(20e-6)
-    cfg = replace(TimingConfig(), max_pressure=float("inf"))
+    cfg = replace(TimingConfig(), max_pressure=float("inf"), max_steal=float("inf"))
     r = time_callable(clock.fn, cfg, clock=clock)
     assert r.calls_per_sample == 50  # 1 ms / 20 us
     assert all(abs(s - 20e-6) < 1e-12 for s in r.samples)
@@ -59,7 +59,7 @@ def test_short_calls_are_batched_into_samples_of_at_least_min_sample_seconds():
 
 def test_long_calls_are_one_per_sample_and_the_cap_bounds_them():
     clock = FakeClock(0.2)
-    cfg = replace(TimingConfig(), max_pressure=float("inf"))
+    cfg = replace(TimingConfig(), max_pressure=float("inf"), max_steal=float("inf"))
     r = time_callable(clock.fn, cfg, clock=clock)
     assert r.calls_per_sample == 1
     assert len(r.samples) == 1  # the 0.1 s cap stops it after the first 0.2 s sample
@@ -72,6 +72,10 @@ def test_legacy_protocol_is_one_call_per_sample_and_five_samples():
     r = time_callable(clock.fn, LEGACY, clock=clock)
     assert r.calls_per_sample == 1 and len(r.samples) == 5
     assert LEGACY.name == "m1" and TimingConfig().name == PROTOCOL != LEGACY.name
+    # the default is m5 (since 2026-12-02), field for field; m1 to m4 never act on steal
+    assert PROTOCOL == "m5" and TimingConfig() == M5
+    assert all(p.max_steal == float("inf") and not p.skip_contended for p in (LEGACY, M2, M3, M4))
+    assert M3.max_processes == 3 and M5.max_processes == 5
 
 
 def test_contended_windows_are_retimed_and_marked(monkeypatch):
@@ -82,6 +86,7 @@ def test_contended_windows_are_retimed_and_marked(monkeypatch):
     assert r.contended and r.pressure == 1.0 and r.retimed == TimingConfig().contention_retries
 
     monkeypatch.setattr(timing, "cpu_stall_us", lambda: 5.0)  # no stall at all
+    monkeypatch.setattr(timing, "steal_seconds", lambda cpus=None: 7.0)  # and no steal (the default acts on it)
     r = time_callable(clock.fn, TimingConfig(), clock=clock)
     assert not r.contended and r.pressure == 0.0 and r.retimed == 0
 
@@ -214,7 +219,8 @@ def _cand(graph, backend):
     return Candidate(graph.subgraph([0, 1]), backend, "test")
 
 
-QUIET = replace(TimingConfig(), max_pressure=float("inf"), contention_retries=0)
+#: m3's runner rules, without contention (m5's own rules have their tests below)
+QUIET = replace(M3, max_pressure=float("inf"), contention_retries=0)
 QUIET_M2 = replace(M2, max_pressure=float("inf"), contention_retries=0)
 
 
@@ -440,13 +446,13 @@ def test_a_crash_is_failed_and_retried_up_to_max_attempts(chain, tmp_path):
         c = _cand(chain, AbortFixture())
         for attempt in range(1, MAX_ATTEMPTS + 1):
             (m,) = r.measure([c], chain.reference())
-            stored = db.get(c.key, r.hardware)
+            stored = db.get(c.key, r.hardware, r.timing.name)
             assert m.status == "failed" and "worker crashed" in m.error_text
             assert stored.status == "failed" and stored.attempts == attempt
         assert r.measured == MAX_ATTEMPTS and r.cache_hits == 0
         (m,) = r.measure([c], chain.reference())  # no attempts left: reported from the database
         assert r.cache_hits == 1 and m.attempts == MAX_ATTEMPTS
-        assert (c.key.subgraph_hash, c.key.backend, c.key.backend_version) in db.known_keys(r.hardware)
+        assert (c.key.subgraph_hash, c.key.backend, c.key.backend_version) in db.known_keys(r.hardware, r.timing.name)
 
 
 def test_a_valid_measurement_replaces_a_failed_row_and_merge_prefers_it(tmp_path):

@@ -23,7 +23,7 @@ from .helpers import chain_model
 
 REPO = Path(__file__).resolve().parents[1]
 HW = "cpu-test-t1-000000000000"
-FAST = TimingConfig(max_pressure=math.inf, contention_retries=0,
+FAST = TimingConfig(max_pressure=math.inf, max_steal=math.inf, contention_retries=0,
                     warmup=1, warmup_seconds=0.0, min_repeats=3, max_repeats=10, time_cap=0.05, processes=1,
                     max_processes=1)
 KEY = BoundaryKey("onnxruntime", "1.32.0", "torch", "2.13.0", 4096, "float32[1,1024]")

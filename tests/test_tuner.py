@@ -40,7 +40,7 @@ class TableRunner(Runner):
     seconds, None: invalid) instead of worker processes. ``runs`` counts how often each key was run."""
 
     def __init__(self, costs, db=None):
-        super().__init__(db=db, threads=1, timing=TimingConfig(max_pressure=math.inf, contention_retries=0,
+        super().__init__(db=db, threads=1, timing=TimingConfig(max_pressure=math.inf, max_steal=math.inf, contention_retries=0,
                                                                processes=1, max_processes=1))
         self.costs = costs
         self.runs: Counter = Counter()

@@ -21,7 +21,7 @@ from tests.fake_cost_models import FlopsFixtureModel
 from tests.wild_corpus import CORPUS, NoSoftmaxFixture, build
 
 # one process per candidate: these tests are about placement and storage, not the protocol (test_protocol.py)
-FAST = TimingConfig(max_pressure=math.inf, contention_retries=0,
+FAST = TimingConfig(max_pressure=math.inf, max_steal=math.inf, contention_retries=0,
                     warmup=1, warmup_seconds=0.0, min_repeats=3, max_repeats=8, time_cap=0.05, processes=1, max_processes=1)
 NAMES = list(CORPUS)
 

@@ -21,7 +21,7 @@ its key, so rows timed under another protocol are never mixed in silently):
   VMs this project runs on, multi-threaded kernels have slow episodes that
   last seconds (the second vCPU is not there when a pool thread needs it;
   README, "Noise"), so more samples in one window cannot remove them, and
-  another window can. Under ``m3`` (``keep_compiled``, the default) a
+  another window can. Under ``m3`` and ``m5`` (``keep_compiled``) a
   candidate is compiled and checked once, in one worker that keeps it until
   its chunk is done, and its later windows time the kept candidate; under
   ``m2`` every window is a fresh compile in another worker process. What
@@ -40,11 +40,12 @@ its key, so rows timed under another protocol are never mixed in silently):
   someone else (``/proc/stat``'s steal column, summed over the CPUs this
   process may use) is recorded too (``steal``). On these VMs it rises to
   10-25% per vCPU in episodes of seconds, and 2-thread kernels slow down with
-  it (``benchmarks/noise_detectors.py``; README, "Noise"). Under ``m5``
-  (``max_steal``) a window above ``max_steal`` counts as contended, and
+  it (``benchmarks/noise_detectors.py``; README, "Noise"). Under ``m5``, the
+  default since 2026-12-02 (``max_steal``), a window above ``max_steal`` counts as contended, and
   (``skip_contended``) a contended window does not count towards the
-  candidate's windows: it gets another, up to ``max_processes``, and its
-  latency combines the clean windows only.
+  candidate's windows: it gets another, up to ``max_processes`` (5), and its
+  latency combines the clean windows only; up to 5 windows also serve the
+  agreement rule, which is most of what ``m5`` gains over ``m3``.
 
 :data:`LEGACY` is the first protocol (``m1``: single calls, stop at 5 samples
 under 5% spread, one process) and :data:`M2` the second; both are kept for
@@ -89,7 +90,7 @@ class TimingConfig:
     processes: int = 3
     long_processes: int = 2
     long_seconds: float = 0.01
-    max_processes: int = 3
+    max_processes: int = 5
     agree: float = 0.05
     pass_chunk: int = 64
     max_pressure: float = 0.10
@@ -109,10 +110,10 @@ class TimingConfig:
     hold_cpu_latency: bool = False
     #: a window in which more than this share of the usable CPUs' time was stolen by the hypervisor counts as
     #: contended (``m5``); ``inf``: steal is recorded, never acted on
-    max_steal: float = math.inf
+    max_steal: float = 0.10
     #: a contended window does not count: the candidate gets another, up to ``max_processes``, and its latency
     #: combines its clean windows only (``m5``)
-    skip_contended: bool = False
+    skip_contended: bool = True
 
     def processes_for(self, first_median: float) -> int:
         """How many processes a candidate whose first process measured ``first_median`` seconds needs at least."""
@@ -124,20 +125,26 @@ class TimingConfig:
 LEGACY = TimingConfig(
     warmup=2, warmup_seconds=0.02, min_repeats=5, max_repeats=200, max_spread=0.05, time_cap=2.0,
     min_sample_seconds=0.0, min_seconds=0.0, processes=1, long_processes=1, max_processes=1,
-    max_pressure=math.inf, contention_retries=0, keep_compiled=False, name="m1",
+    max_pressure=math.inf, contention_retries=0, keep_compiled=False, name="m1", max_steal=math.inf,
+    skip_contended=False,
 )
 
 
+#: what ``m1`` to ``m4`` did with contended windows and steal: re-timed once, recorded, never replaced
+_NO_STEAL = dict(max_steal=math.inf, skip_contended=False, max_processes=3)
 #: the protocol ``m2``: every later window of a candidate is a fresh compile in another worker process
-M2 = TimingConfig(time_cap=0.3, min_seconds=0.02, processes=2, long_processes=1, keep_compiled=False, name="m2")
-#: the protocol ``m3`` (the default, :data:`PROTOCOL`): ``m2``'s passes, with the candidate compiled and
-#: checked once and kept, and more, shorter windows (3, or 2 from 10 ms; at most 0.1 s each)
-M3 = TimingConfig(keep_compiled=True, name="m3")
+M2 = TimingConfig(time_cap=0.3, min_seconds=0.02, processes=2, long_processes=1, keep_compiled=False, name="m2",
+                  **_NO_STEAL)
+#: the protocol ``m3`` (the default until 2026-12-02): ``m2``'s passes, with the candidate compiled and checked
+#: once and kept, and more, shorter windows (3, or 2 from 10 ms; at most 0.1 s each)
+M3 = TimingConfig(keep_compiled=True, name="m3", **_NO_STEAL)
 #: the protocol ``m4``: ``m3``'s windows, with the passes of every backend's chunk interleaved (an experiment
 #: arm of benchmarks/measure_agreement.py and collect_rate.py; not the default)
-M4 = TimingConfig(keep_compiled=True, interleave=True, name="m4")
-#: the protocol ``m5``: ``m3``'s windows, where a window with more than 10% of the CPUs' time stolen by the
-#: hypervisor counts as contended and is replaced by another (up to 5 windows in all)
+M4 = TimingConfig(keep_compiled=True, interleave=True, name="m4", **_NO_STEAL)
+#: the protocol ``m5`` (the default, :data:`PROTOCOL`, since 2026-12-02): ``m3``'s windows, where a window with
+#: more than 10% of the CPUs' time stolen by the hypervisor counts as contended and is replaced by another, and
+#: a candidate whose two fastest windows disagree gets more, up to 5 windows in all. It led ``m3`` in all three
+#: side-by-side agreement runs on the Zen 5 (+7, +8 and +23 points of candidates within 10%; README, "Noise")
 M5 = TimingConfig(keep_compiled=True, max_steal=0.10, skip_contended=True, max_processes=5, name="m5")
 #: every protocol by name
 PROTOCOLS = {"m1": LEGACY, "m2": M2, "m3": M3, "m4": M4, "m5": M5}

@@ -355,6 +355,8 @@ def test_place_keeps_every_plan_it_judged(tmp_path, monkeypatch):
     assert rep["chosen"] in ms and rep["plan_latency_ms"] == pytest.approx(ms[rep["chosen"]])
     assert rep["plan_latency_ms"] == pytest.approx(min(ms.values())) or len(pm.plan.partitions) == 1
     assert all(rep["plans_e2e_ms"][k] == pytest.approx(v) for k, v in ms.items())
+    if ms.get("graph-level") is not None:  # the report's graph-level timing is the head-to-head's, as shown
+        assert rep["graph_level_ms"] == pytest.approx(ms["graph-level"])
 
 
 def test_db_merge_cli_counts_every_kind(tmp_path, capsys):

@@ -229,7 +229,9 @@ class Tuner:
             import_=list(graph.import_notes),
             invalid_by_backend=failures.by_backend(),
             systematic_failures=failures.systematic(),
-            graph_level_ms=evo.best.seconds * 1e3 if evo is not None and evo.best is not None else None,
+            # the head-to-head's timing where the graph-level plan was in the close contest, its own otherwise
+            graph_level_ms=(results["graph-level"]["median"] * 1e3 if results.get("graph-level", {}).get("valid")
+                            else evo.best.seconds * 1e3 if evo is not None and evo.best is not None else None),
             generations=evo.generations if evo is not None else 0,
             e2e_measurements=(evo.e2e_measurements if evo is not None else 0) + e2e_count,
             baselines_ms=baseline_ms,

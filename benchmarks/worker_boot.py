@@ -46,21 +46,21 @@ def _tasks(model: str, backends: list[str], count: int, threads: int, seed: int)
     rng = random.Random(seed)
     rng.shuffle(cands)
     timing = TimingConfig(keep_compiled=False)
+
+    def task_of(c) -> Task:  # as measure.runner.Runner builds one
+        feeds, expected = c.subgraph.reference_io(reference_of(ref, c))
+        return Task(c.backend.spec(), c.subgraph.to_onnx(check=False).SerializeToString(), feeds, expected,
+                    threads, timing)
+
     out = []
     per = {b: 0 for b in backends}
     for c in cands:
         if per[c.backend.name] >= count // len(backends):
             continue
         per[c.backend.name] += 1
-        feeds, expected = c.subgraph.reference_io(reference_of(ref, c))
-        out.append((c.backend.name, Task(c.backend.spec(), c.subgraph.to_onnx(check=False).SerializeToString(),
-                                         feeds, expected, threads, timing)))
+        out.append((c.backend.name, task_of(c)))
     # a torch task: what made a worker import torch (and set its threads) before 2026-12-02
-    torch_c = next(c for c in enumerate_candidates(g, [get_backend("torch")], max_region_size=1))
-    feeds, expected = torch_c.subgraph.reference_io(reference_of(ref, torch_c))
-    torch_task = Task(torch_c.backend.spec(), torch_c.subgraph.to_onnx(check=False).SerializeToString(), feeds,
-                      expected, threads, timing)
-    return out, torch_task
+    return out, task_of(next(iter(enumerate_candidates(g, [get_backend("torch")], max_region_size=1))))
 
 
 def main() -> None:

@@ -85,14 +85,18 @@ class PlanTask:
 PLAN_TIME_CAP = 0.3
 
 
+def _plan_io(graph, reference) -> tuple[dict, dict]:
+    """A whole-model plan's inputs and its expected outputs, from the reference activations."""
+    return ({n: reference[n] for n in graph.input_names}, {n: reference[n] for n in graph.output_names})
+
+
 def measure_plan(runner, graph, plan, reference, process: int = 0) -> dict:
     """Measures ``plan`` end to end in the runner's worker number ``process``; returns the result dict,
     and records the run in the runner's database (when it has one).
 
     The tuner's second round uses another process, so the best of its rounds is a minimum over processes,
     as the protocol asks."""
-    feeds = {n: reference[n] for n in graph.input_names}
-    expected = {n: reference[n] for n in graph.output_names}
+    feeds, expected = _plan_io(graph, reference)
     timing = replace(runner.timing, time_cap=max(runner.timing.time_cap, PLAN_TIME_CAP))
     task = PlanTask(graph.model.SerializeToString(), plan.to_json(specs=True), feeds, expected, runner.threads,
                     timing, runner.tolerance)
@@ -200,8 +204,7 @@ def measure_head_to_head(runner, graph, plans: dict, reference, process: int = 0
     (:class:`HeadToHeadTask`); returns label -> result, and records each plan's run in the runner's
     database (when it has one), as :func:`measure_plan` does."""
     labels = list(plans)
-    feeds = {n: reference[n] for n in graph.input_names}
-    expected = {n: reference[n] for n in graph.output_names}
+    feeds, expected = _plan_io(graph, reference)
     task = HeadToHeadTask(graph.model.SerializeToString(), [plans[k].to_json(specs=True) for k in labels], feeds,
                           expected, runner.threads, runner.timing, runner.tolerance)
     backends = {k: [p.resolve_backend() for p in plans[k].partitions] for k in labels}

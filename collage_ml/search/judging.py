@@ -85,17 +85,18 @@ def settle_close_contest(valid: dict[str, dict], plans: Mapping[str, Plan], duel
     for label in sorted(valid, key=lambda k: valid[k]["median"]):
         by_canon.setdefault(plans[label].canonical(), []).append(label)
     fastest = min(v["median"] for v in valid.values())
+    reused = {label for label, v in valid.items() if v.get("source") == REUSED_SOURCE}
 
     def within(label: str) -> bool:
-        reused = valid[label].get("source") == REUSED_SOURCE
-        return valid[label]["median"] <= fastest * (1 + max(margin, HEAD_TO_HEAD_REUSED_MARGIN if reused else 0.0))
+        extra = HEAD_TO_HEAD_REUSED_MARGIN if label in reused else 0.0
+        return valid[label]["median"] <= fastest * (1 + max(margin, extra))
 
     close = [labels for labels in by_canon.values() if within(labels[0])][:most]
     if len(close) < 2:
         return None
     say("timing " + ", ".join(ls[0] for ls in close) + f" again head to head (within {margin:.0%} of the fastest"
         + (f", or {1 + HEAD_TO_HEAD_REUSED_MARGIN:g}x for a reused whole-model timing)"
-           if any(valid[ls[0]].get("source") == REUSED_SOURCE for ls in close) else ")"))
+           if any(ls[0] in reused for ls in close) else ")"))
     t0 = time.perf_counter()
     got = duel({ls[0]: plans[ls[0]] for ls in close})
     earlier = {label: valid[label]["median"] for labels in close for label in labels}

@@ -304,6 +304,18 @@ def test_a_plan_caught_in_a_slow_period_in_round_one_is_timed_again(monkeypatch)
     from collage_ml.search import judging
 
     reads = {("a", 0): 1.00, ("b", 0): 1.25, ("c", 0): 3.0, ("a", 1): 1.02, ("b", 1): 0.90, ("c", 1): 0.5}
+    calls = _fake_rounds(monkeypatch, reads)
+    plans = {k: _LabelPlan(k) for k in "abc"}
+    results, count = judging.measure_plans_e2e(None, None, plans, {}, lambda s: None, contest=None)
+    assert judging.SECOND_ROUND_MARGIN >= 0.25
+    assert ("b", 1) in calls and ("c", 1) not in calls and count == 5
+    assert results["b"]["median"] == 0.90 and results["a"]["median"] == 1.00 and results["c"]["median"] == 3.0
+    assert min(results, key=lambda k: results[k]["median"]) == "b"
+
+
+def _fake_rounds(monkeypatch, reads):
+    from collage_ml.search import judging
+
     calls = []
 
     def fake_measure_plan(runner, graph, plan, ref, process=0):
@@ -311,12 +323,31 @@ def test_a_plan_caught_in_a_slow_period_in_round_one_is_timed_again(monkeypatch)
         return {"valid": True, "median": reads[(plan.name, process)]}
 
     monkeypatch.setattr(judging, "measure_plan", fake_measure_plan)
+    return calls
+
+
+def test_round_two_is_left_to_the_head_to_head_when_it_holds_every_close_plan(monkeypatch):
+    """Two close plans and one far behind: the head-to-head that follows times both close plans again and
+    replaces their timings, so round two is not run at all (one read per plan); with four close plans and
+    room for three in a contest, round two runs on the close ones, to pick which three enter."""
+    from collage_ml.search import judging
+
+    reads = {(k, r): v for k, v in {"a": 1.0, "b": 1.25, "c": 3.0, "d": 1.1, "e": 1.2}.items() for r in (0, 1)}
+    calls = _fake_rounds(monkeypatch, reads)
     plans = {k: _LabelPlan(k) for k in "abc"}
     results, count = judging.measure_plans_e2e(None, None, plans, {}, lambda s: None)
-    assert judging.SECOND_ROUND_MARGIN >= 0.25
-    assert ("b", 1) in calls and ("c", 1) not in calls and count == 5
-    assert results["b"]["median"] == 0.90 and results["a"]["median"] == 1.00 and results["c"]["median"] == 3.0
-    assert min(results, key=lambda k: results[k]["median"]) == "b"
+    assert count == 3 and all(p == 0 for _, p in calls) and results["b"]["median"] == 1.25
+
+    calls.clear()
+    plans = {k: _LabelPlan(k) for k in "abcde"}
+    results, count = judging.measure_plans_e2e(None, None, plans, {}, lambda s: None, contest=3)
+    assert sorted(n for n, p in calls if p == 1) == ["a", "b", "d", "e"] and count == 9
+
+    calls.clear()  # a plan already timed whole (guided) counts among the close ones, and is not run again
+    plans = {k: _LabelPlan(k) for k in "abcd"}
+    known = {"d": {"valid": True, "median": 1.05, "source": judging.REUSED_SOURCE}}
+    results, count = judging.measure_plans_e2e(None, None, plans, {}, lambda s: None, known=known, contest=2)
+    assert sorted(n for n, p in calls if p == 1) == ["a", "b"] and ("d", 0) not in calls and count == 5
 
 
 def test_a_whole_model_timing_far_from_its_prediction_is_confirmed_end_to_end():

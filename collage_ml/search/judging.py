@@ -1,8 +1,9 @@
 """Judging plans end to end: which of the plans a placement found is kept.
 
 Every plan (the op-level DP's, each backend for the whole model, the graph-level search's best) is compiled
-and timed end to end through the same executor, in two rounds in opposite orders, each in its own worker
-process (:func:`measure_plans_e2e`). The plans that could still win are then timed again head to head,
+and timed end to end through the same executor, in its own worker process, and in a second round in the
+opposite order where more plans are close than a head-to-head holds (:func:`measure_plans_e2e`). The plans
+that could still win are then timed again head to head,
 alternately in one process (:func:`settle_close_contest`), and the fastest of those is kept, unless it has
 several partitions and does not beat the fastest one-partition plan by the margin (:func:`choose_plan`).
 README, "Search" (judging), has the measurements behind each margin.
@@ -122,11 +123,19 @@ def settle_close_contest(valid: dict[str, dict], plans: Mapping[str, Plan], duel
 
 
 def measure_plans_e2e(runner, graph, plans: Mapping[str, Plan], ref, say,
-                       known: Mapping[str, dict] | None = None) -> tuple[dict[str, dict], int]:
+                       known: Mapping[str, dict] | None = None,
+                       contest: int | None = HEAD_TO_HEAD_MAX) -> tuple[dict[str, dict], int]:
     """(label -> best end-to-end result, number of measurements made).
 
     ``known`` (label -> result) are plans already measured whole (guided mode: a
     one-partition plan is its whole-model candidate, timed natively); they are not run again.
+
+    Round two (the reverse order, another process) times again the plans within :data:`SECOND_ROUND_MARGIN`
+    of round one's best, but only where more of them are close than a head-to-head holds (``contest``
+    distinct plans; None: always). Otherwise :func:`settle_close_contest`, which follows, times every one of
+    them again side by side and replaces their earlier timings, so a second round would be paid for and
+    thrown away; and a plan alone within the margin wins whatever its second reading. Skipping it saved one
+    compile and timing window per close plan (README, "Search").
     """
     distinct: dict[tuple, list[str]] = {}
     for label, plan in plans.items():
@@ -143,6 +152,9 @@ def measure_plans_e2e(runner, graph, plans: Mapping[str, Plan], ref, say,
         if rnd == 1:
             first = [r["median"] for r in best.values() if r.get("valid")]
             cutoff = min(first) * (1 + SECOND_ROUND_MARGIN) if first else float("inf")
+            close = [c for c, r in best.items() if r.get("valid") and r["median"] <= cutoff]
+            if contest is not None and len(close) <= contest:
+                break  # the head-to-head settles them
         for canon in seq:
             label = distinct[canon][0]
             if rnd == 0:

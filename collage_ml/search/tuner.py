@@ -160,9 +160,8 @@ class Tuner:
                     baseline_pred_ms[c.backend.name] = est * 1e3
                 if worth:
                     plans[f"all-{c.backend.name}"] = Plan.single(graph, c.backend, predicted_ms=est * 1e3, **common)
-        # judge by executed end-to-end latency, every plan through the same executor, in two
-        # rounds (forward, then reverse order) so that drift does not favour one plan; the
-        # lower of a plan's two medians counts. A plan equal to another is measured once.
+        # judge by executed end-to-end latency, every plan through the same executor; the close ones are
+        # then timed head to head (judging.py). A plan equal to another is measured once.
         known_plans = {}
         if self.strategy.reuse_whole_model_timings:
             # a one-partition plan is a whole-model candidate that was already timed natively; re-timing it

@@ -136,3 +136,36 @@ def test_a_contest_is_decided_when_every_round_says_the_same_by_the_margin():
     # a slow period inside one round slows both plans of that round alike
     assert decided([[1.0, 1.8, 1.0], [1.2, 2.1, 1.2]])
     assert decided([[1.0]])
+
+
+def test_a_surprising_whole_model_timing_is_retimed_only_where_it_could_still_win():
+    """Guided mode reuses whole-model timings as plan timings, except a timing far from its prediction, which
+    is timed again end to end; but not one more than HEAD_TO_HEAD_REUSED_MARGIN behind the fastest whole
+    model (resnet3d50: Inductor read 360 ms against OpenVINO's 89, and its end-to-end re-timing cost 8.7 s)."""
+    from types import SimpleNamespace as NS
+
+    from collage_ml.search import judging
+
+    def cand(name):
+        return NS(backend=NS(name=name), key=("whole", name))
+
+    cands = [cand(n) for n in ("openvino", "inductor", "onnxruntime", "torch")]
+    cost_of = {("whole", "openvino"): 0.089, ("whole", "inductor"): 0.360, ("whole", "onnxruntime"): 0.150}
+    plans = {f"all-{c.backend.name}": NS(partitions=[NS(backend=c.backend.name)]) for c in cands}
+    plans["op-level"] = NS(partitions=[NS(backend="openvino"), NS(backend="onnxruntime")])  # two partitions
+
+    def reused(surprising_names):
+        got = judging.reused_whole_model_timings(plans, cands, cost_of, lambda c, s: c.backend.name in surprising_names)
+        assert all(v["source"] == judging.REUSED_SOURCE and v["valid"] for v in got.values())
+        return sorted(got)
+
+    # torch's whole model was not timed, and the op-level plan is not a whole model
+    assert reused(set()) == ["all-inductor", "all-onnxruntime", "all-openvino"]
+    # surprising within 2x of the fastest (OpenVINO's 89 ms): re-timed; 4x behind: reused all the same
+    assert reused({"onnxruntime", "inductor"}) == ["all-inductor", "all-openvino"]
+    assert reused({"openvino"}) == ["all-inductor", "all-onnxruntime"]
+    assert judging.HEAD_TO_HEAD_REUSED_MARGIN == 1.0
+    cost_of[("whole", "inductor")] = 0.170  # within 2x now: re-timed when surprising
+    assert reused({"inductor"}) == ["all-onnxruntime", "all-openvino"]
+    cost_of[("whole", "torch")] = 0.004  # under the floor: a fast model's timings are always re-timed
+    assert "all-torch" not in reused(set())

@@ -12,7 +12,7 @@ README, "Search" (judging), has the measurements behind each margin.
 from __future__ import annotations
 
 import time
-from typing import Callable, Mapping
+from typing import Callable, Mapping, Sequence
 
 from collage_ml.measure.e2e import measure_plan
 from collage_ml.plan import Plan
@@ -120,6 +120,36 @@ def settle_close_contest(valid: dict[str, dict], plans: Mapping[str, Plan], duel
         if label not in summary or not valid[label].get("valid"):
             del valid[label]
     return {"plans": summary, "timed": len(close), "seconds": time.perf_counter() - t0}
+
+
+#: guided mode: a whole-model plan whose native whole-model timing is at least this many seconds is not re-timed
+#: end to end; faster ones are (their single-process timings are bimodal on some machines: README, "Noise")
+REUSE_WHOLE_MODEL_TIMING_ABOVE = 5e-3
+
+
+def reused_whole_model_timings(plans: Mapping[str, Plan], whole_models: Sequence, cost_of: Mapping,
+                               surprising: Callable[[object, float], bool]) -> dict[str, dict]:
+    """label -> result for the one-partition plans whose whole-model candidate's native timing stands in for an
+    end-to-end run (guided mode): re-timing costs a compile and a window.
+
+    Not reused: timings under :data:`REUSE_WHOLE_MODEL_TIMING_ABOVE`, and ``surprising`` ones (far from the
+    prediction): on the Zen 5 (family 26 model 2, 2026-12-01) a slow period read nasnet's whole model on
+    OpenVINO at 17.6 ms in both its windows (10.1 ms before and after), and guided kept ONNX Runtime's 13.4 ms
+    plan. A surprising timing more than :data:`HEAD_TO_HEAD_REUSED_MARGIN` behind the fastest whole-model
+    timing is reused all the same: no misread that large has been seen (the largest, 1.7x, is what the margin
+    answers), and re-timing cannot make it win. On the Zen 5 (2026-12-02) guided resnet3d50 read Inductor's
+    whole model at 360 ms, four times OpenVINO's 89 ms and far from its prediction, and then spent 8.7 s of
+    its 36 s search compiling and timing it again end to end (325 ms)."""
+    whole = {c.backend.name: c for c in whole_models}
+    timed = [v for v in (cost_of.get(c.key) for c in whole_models) if v is not None]
+    far = min(timed) * (1 + HEAD_TO_HEAD_REUSED_MARGIN) if timed else float("inf")
+    out = {}
+    for label, pl in plans.items():
+        c = whole.get(pl.partitions[0].backend) if len(pl.partitions) == 1 else None
+        cost = cost_of.get(c.key) if c is not None else None
+        if cost is not None and cost >= REUSE_WHOLE_MODEL_TIMING_ABOVE and (cost > far or not surprising(c, cost)):
+            out[label] = {"valid": True, "median": cost, "source": REUSED_SOURCE}
+    return out
 
 
 def measure_plans_e2e(runner, graph, plans: Mapping[str, Plan], ref, say,

@@ -44,7 +44,8 @@ from collage_ml.plan import Plan
 from collage_ml.search.evolutionary import EvoConfig, GraphLevelSearch
 from collage_ml.search.failures import FailureLog, no_cover_reason, uncovered_nodes
 from collage_ml.search.guided import GuidedConfig
-from collage_ml.search.judging import REUSED_SOURCE, choose_plan, measure_plans_e2e, settle_close_contest
+from collage_ml.search.judging import (choose_plan, measure_plans_e2e, reused_whole_model_timings,
+                                      settle_close_contest)
 from collage_ml.search.report import PlaceReport
 from collage_ml.search.strategies import Exhaustive, Guided, Problem, Strategy
 
@@ -162,21 +163,8 @@ class Tuner:
                     plans[f"all-{c.backend.name}"] = Plan.single(graph, c.backend, predicted_ms=est * 1e3, **common)
         # judge by executed end-to-end latency, every plan through the same executor; the close ones are
         # then timed head to head (judging.py). A plan equal to another is measured once.
-        known_plans = {}
-        if self.strategy.reuse_whole_model_timings:
-            # a one-partition plan is a whole-model candidate that was already timed natively; re-timing it
-            # end to end costs a compile and up to the timing cap, so it is skipped for slow models. Fast ones
-            # are re-timed: their single-process timings are bimodal on some machines (README, "Noise")
-            # A timing far from its prediction is re-timed end to end instead: on the Zen 5 (family 26 model 2,
-            # 2026-12-01) a slow period read nasnet's whole model on OpenVINO at 17.6 ms in both its windows
-            # (10.1 ms before and after), and guided kept ONNX Runtime's 13.4 ms plan
-            whole = {c.backend.name: c for c in baselines}
-            for label, pl in plans.items():
-                c = whole.get(pl.partitions[0].backend) if len(pl.partitions) == 1 else None
-                cost = cost_of.get(c.key) if c is not None else None
-                if (cost is not None and cost >= REUSE_WHOLE_MODEL_TIMING_ABOVE
-                        and not self.strategy.surprising(c, cost)):
-                    known_plans[label] = {"valid": True, "median": cost, "source": REUSED_SOURCE}
+        known_plans = (reused_whole_model_timings(plans, baselines, cost_of, self.strategy.surprising)
+                       if self.strategy.reuse_whole_model_timings else {})
         results, e2e_count = measure_plans_e2e(runner, graph, plans, p.ref, say, known_plans)
         evo = None
         region_names = [b.name for b in backends if any(pt.kind == "region" for pt in b.patterns)]
@@ -362,10 +350,6 @@ def _fallback_baselines(graph: Graph, backends: Sequence[Backend], have: Sequenc
     whole = graph.whole()
     return [Candidate(whole, b, "whole-model") for b in backends
             if isinstance(b, OnnxRuntimeBackend) and not any(x.backend is b for x in have)]
-
-
-#: guided mode: a whole-model plan whose native whole-model timing is at least this many seconds is not re-timed
-REUSE_WHOLE_MODEL_TIMING_ABOVE = 5e-3
 
 
 def _graph_level(runner, graph, dp_plan, backends, region_names, plans, results, ref, cost_of, table,

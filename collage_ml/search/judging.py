@@ -71,8 +71,8 @@ def settle_close_contest(valid: dict[str, dict], plans: Mapping[str, Plan], duel
     of resnext50 that read 20% slow made guided placement keep ONNX Runtime's plan. The distinct plans within
     ``margin`` (default :data:`HEAD_TO_HEAD_MARGIN`; :data:`HEAD_TO_HEAD_REUSED_MARGIN` for a reused native
     whole-model timing, ``source`` :data:`REUSED_SOURCE`) of the fastest, at most ``most`` of them
-    (:data:`HEAD_TO_HEAD_MAX`), go to ``duel`` (label -> Plan, to label -> result:
-    :func:`~collage_ml.measure.e2e.measure_head_to_head`).
+    (:data:`HEAD_TO_HEAD_MAX`: the fastest, then reused timings flagged ``surprising``, then by timing), go to
+    ``duel`` (label -> Plan, to label -> result: :func:`~collage_ml.measure.e2e.measure_head_to_head`).
 
     ``valid`` (label -> result, for the plans that ran correctly) is updated in place: a contender's result
     becomes its head-to-head result (the earlier median kept as ``earlier_median``), a contender the duel
@@ -92,7 +92,12 @@ def settle_close_contest(valid: dict[str, dict], plans: Mapping[str, Plan], duel
         extra = HEAD_TO_HEAD_REUSED_MARGIN if label in reused else 0.0
         return valid[label]["median"] <= fastest * (1 + max(margin, extra))
 
-    close = [labels for labels in by_canon.values() if within(labels[0])][:most]
+    close = [labels for labels in by_canon.values() if within(labels[0])]
+    # the fastest first, then reused timings that surprised the model (they stand in for an end-to-end run:
+    # :func:`reused_whole_model_timings`), then the rest by timing
+    close = sorted(close, key=lambda ls: (ls is not close[0], not any(valid[k].get("surprising") for k in ls),
+                                          valid[ls[0]]["median"]))[:most]
+    close.sort(key=lambda ls: valid[ls[0]]["median"])
     if len(close) < 2:
         return None
     say("timing " + ", ".join(ls[0] for ls in close) + f" again head to head (within {margin:.0%} of the fastest"
@@ -130,25 +135,25 @@ REUSE_WHOLE_MODEL_TIMING_ABOVE = 5e-3
 def reused_whole_model_timings(plans: Mapping[str, Plan], whole_models: Sequence, cost_of: Mapping,
                                surprising: Callable[[object, float], bool]) -> dict[str, dict]:
     """label -> result for the one-partition plans whose whole-model candidate's native timing stands in for an
-    end-to-end run (guided mode): re-timing costs a compile and a window.
+    end-to-end run (guided mode): re-timing costs a compile and a window. Timings under
+    :data:`REUSE_WHOLE_MODEL_TIMING_ABOVE` are not reused.
 
-    Not reused: timings under :data:`REUSE_WHOLE_MODEL_TIMING_ABOVE`, and ``surprising`` ones (far from the
-    prediction): on the Zen 5 (family 26 model 2, 2026-12-01) a slow period read nasnet's whole model on
-    OpenVINO at 17.6 ms in both its windows (10.1 ms before and after), and guided kept ONNX Runtime's 13.4 ms
-    plan. A surprising timing more than :data:`HEAD_TO_HEAD_REUSED_MARGIN` behind the fastest whole-model
-    timing is reused all the same: no misread that large has been seen (the largest, 1.7x, is what the margin
-    answers), and re-timing cannot make it win. On the Zen 5 (2026-12-02) guided resnet3d50 read Inductor's
-    whole model at 360 ms, four times OpenVINO's 89 ms and far from its prediction, and then spent 8.7 s of
-    its 36 s search compiling and timing it again end to end (325 ms)."""
+    A timing far from the prediction (``surprising``) is flagged ``surprising``, and
+    :func:`settle_close_contest` times it head to head ahead of other plans wherever it is within
+    :data:`HEAD_TO_HEAD_REUSED_MARGIN` of the fastest. It used to be re-timed end to end first: on the Zen 5
+    (family 26 model 2, 2026-12-01) a slow period read nasnet's whole model on OpenVINO at 17.6 ms in both
+    its windows (10.1 ms before and after), and guided kept ONNX Runtime's 13.4 ms plan. Whole-model
+    predictions are loose, so most whole-model timings surprised the model, and the close ones were then
+    timed three times: natively, end to end, and head to head. On the Zen 5 (2026-12-02, pyinstrument
+    profiles of ``collage-ml place --mode guided``) the end-to-end re-timings took 6.0 s of resnet50's 23.5 s
+    search, and 8.7 s of resnet3d50's 36 s for Inductor's whole model, four times slower than OpenVINO's."""
     whole = {c.backend.name: c for c in whole_models}
-    timed = [v for v in (cost_of.get(c.key) for c in whole_models) if v is not None]
-    far = min(timed) * (1 + HEAD_TO_HEAD_REUSED_MARGIN) if timed else float("inf")
     out = {}
     for label, pl in plans.items():
         c = whole.get(pl.partitions[0].backend) if len(pl.partitions) == 1 else None
         cost = cost_of.get(c.key) if c is not None else None
-        if cost is not None and cost >= REUSE_WHOLE_MODEL_TIMING_ABOVE and (cost > far or not surprising(c, cost)):
-            out[label] = {"valid": True, "median": cost, "source": REUSED_SOURCE}
+        if cost is not None and cost >= REUSE_WHOLE_MODEL_TIMING_ABOVE:
+            out[label] = {"valid": True, "median": cost, "source": REUSED_SOURCE, "surprising": surprising(c, cost)}
     return out
 
 

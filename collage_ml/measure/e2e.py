@@ -4,8 +4,9 @@ The plan is compiled into a PlacedModel inside the worker, run on the
 reference inputs, checked against the reference outputs, and timed by the
 same rules as candidates. A plan that fails to compile or gives wrong numbers
 is invalid, with its error text. The timing follows the measurement protocol's
-per-process rules (``measure.timing``); the tuner times the plans it compares
-in two rounds, in opposite orders.
+per-process rules (``measure.timing``); the tuner times every plan once, and a
+second time in the opposite order only where more plans are close than a
+head-to-head holds (``search/judging.py``).
 
 :class:`HeadToHeadTask` (:func:`measure_head_to_head`) settles a close contest: it compiles two or three
 plans in one worker and alternates short windows of each, ABAB..., so that every plan runs in the same
@@ -94,8 +95,8 @@ def measure_plan(runner, graph, plan, reference, process: int = 0) -> dict:
     """Measures ``plan`` end to end in the runner's worker number ``process``; returns the result dict,
     and records the run in the runner's database (when it has one).
 
-    The tuner's second round uses another process, so the best of its rounds is a minimum over processes,
-    as the protocol asks."""
+    The tuner's second round, where there is one, uses another process, so the best of its rounds is a
+    minimum over processes, as the protocol asks."""
     feeds, expected = _plan_io(graph, reference)
     timing = replace(runner.timing, time_cap=max(runner.timing.time_cap, PLAN_TIME_CAP))
     task = PlanTask(graph.model.SerializeToString(), plan.to_json(specs=True), feeds, expected, runner.threads,

@@ -92,12 +92,11 @@ def settle_close_contest(valid: dict[str, dict], plans: Mapping[str, Plan], duel
         extra = HEAD_TO_HEAD_REUSED_MARGIN if label in reused else 0.0
         return valid[label]["median"] <= fastest * (1 + max(margin, extra))
 
-    close = [labels for labels in by_canon.values() if within(labels[0])]
-    # the fastest first, then reused timings that surprised the model (they stand in for an end-to-end run:
-    # :func:`reused_whole_model_timings`), then the rest by timing
-    close = sorted(close, key=lambda ls: (ls is not close[0], not any(valid[k].get("surprising") for k in ls),
-                                          valid[ls[0]]["median"]))[:most]
-    close.sort(key=lambda ls: valid[ls[0]]["median"])
+    close = [labels for labels in by_canon.values() if within(labels[0])]  # fastest first
+    # after the fastest, reused timings that surprised the model (they stand in for an end-to-end run:
+    # :func:`reused_whole_model_timings`), then the rest; the sort is stable, so each part keeps timing order
+    rest = sorted(close[1:], key=lambda ls: not any(valid[k].get("surprising") for k in ls))
+    close = sorted((close[:1] + rest)[:most], key=lambda ls: valid[ls[0]]["median"])
     if len(close) < 2:
         return None
     say("timing " + ", ".join(ls[0] for ls in close) + f" again head to head (within {margin:.0%} of the fastest"

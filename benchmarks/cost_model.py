@@ -25,6 +25,9 @@
    held-out machine's own probe rows are not scored). Machines without probes
    (datasets measured before the probe set existed) are scored too, on their
    static description only, and marked so.
+   **Leave one CPU kind out**: the same with every thread count of one CPU
+   kind held out at once, so the CPU itself is new to the model (a probed
+   machine is scored on its rows that carry probes).
 5. **Hardware and family out at once**: the same, also leaving out one
    family (``--hw-families``), scored on that family on that machine.
 
@@ -208,7 +211,13 @@ def strip_probes(data: Dataset) -> Dataset:
 
 
 def hardware_out(data: Dataset, labels: dict[str, str], variants: list[str], params, families: tuple[str, ...]):
-    """Sections 4 and 5: {fold label: {variant: metrics}} for machine-out and machine-and-family-out folds."""
+    """Sections 4 and 5: {section: {fold label: {variant: metrics}}} for machine-out, CPU-kind-out and
+    machine-and-family-out folds.
+
+    A fold leaves out a set of fingerprints: one machine (``machine``), or every thread count of one CPU kind
+    (``cpu``: the CPU itself is new to the model). A probed machine is scored on its rows that carry probes
+    ("given only its probes"; a dataset collected before the probe set keeps its rows unprobed even where
+    another dataset of the same machine has probes), an unprobed one on all its rows."""
     scored = data.filter(lambda s: s.source != "probe")
     machines = sorted({s.hardware for s in scored})
     probed = {s.hardware for s in data if s.hw.calibrated}
@@ -217,24 +226,34 @@ def hardware_out(data: Dataset, labels: dict[str, str], variants: list[str], par
         test = scored.filter(lambda s, fp=fp: s.hardware == fp)
         if len(test) < 100:
             continue
-        folds.append((f"{labels.get(fp, fp)}{'' if fp in probed else ' (no probes)'}", fp, None))
+        folds.append(("machine", f"{labels.get(fp, fp)}{'' if fp in probed else ' (no probes)'}", {fp}, None))
+    kinds: dict[str, set[str]] = {}
+    for fp in machines:
+        kinds.setdefault(labels.get(fp, fp).rsplit(" t", 1)[0], set()).add(fp)
+    for kind, fps in sorted(kinds.items()):
+        if len(kinds) > 1 and fps & probed:
+            folds.append(("cpu", f"{kind}, every thread count", fps, None))
     for fp in sorted(probed & set(machines)):
         for fam in families:
-            folds.append((f"{labels.get(fp, fp)} + {fam}", fp, fam))
-    out: dict[str, dict[str, dict[str, Any]]] = {"machine": {}, "machine+family": {}}
+            folds.append(("machine+family", f"{labels.get(fp, fp)} + {fam}", {fp}, fam))
+    out: dict[str, dict[str, dict[str, Any]]] = {"machine": {}, "cpu": {}, "machine+family": {}}
     stripped = strip_probes(data) if "xgb-static" in variants else None
-    for label, fp, fam in folds:
-        section = "machine" if fam is None else "machine+family"
+    for section, label, fps, fam in folds:
         out[section][label] = {}
+        scored_probed = bool(fps & probed)
         for v in variants:
             d = stripped if v == "xgb-static" else data
 
-            def held(s, fp=fp, fam=fam):
-                return s.hardware == fp or (fam is not None and s.source == fam)
+            def held(s, fps=fps, fam=fam):
+                return s.hardware in fps or (fam is not None and s.source == fam)
+
+            def tested(s, fps=fps, fam=fam, only_probed=scored_probed):
+                return (s.hardware in fps and s.source != "probe" and (fam is None or s.source == fam)
+                        and (not only_probed or s.hw.calibrated))
 
             train = d.filter(lambda s: not held(s))
-            test = d.filter(lambda s, fp=fp, fam=fam: s.hardware == fp and s.source != "probe"
-                            and (fam is None or s.source == fam))
+            # xgb-static's samples lost their probes: score it on the rows the others are scored on
+            test = d.filter(tested) if v != "xgb-static" else strip_probes(data.filter(tested))
             if not len(test) or not len(train):
                 continue
             log(f"hardware out [{label}] {v}: training on {len(train)}, testing on {len(test)}")
@@ -378,6 +397,8 @@ def main() -> int:
         ho = hardware_out(hw_data, labels, variants, params, hw_fams)
         side_by_side("leave one machine out (trained on every other machine; scored on this one, known by its "
                      "probes)", ho["machine"], variants, ("fit_seconds",))
+        side_by_side("leave one CPU kind out (every thread count of it; scored on its probed rows)", ho["cpu"],
+                     variants, ("fit_seconds",))
         side_by_side("machine and family out at once", ho["machine+family"], variants, ("fit_seconds",))
         results["hardware_out"] = ho
         results["hardware_dbs"] = [str(p) for p in paths]

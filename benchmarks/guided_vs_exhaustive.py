@@ -13,7 +13,8 @@ For every model, in one run:
    every dataset *without this machine* (``guided-hwout``: no row of this
    run's hardware fingerprint, so the machine is new to it and known only by
    its probes, which the fresh database makes placement measure first;
-   ``--no-hwout`` skips it);
+   ``--hwout-cpu`` leaves this CPU out at every thread count, so the CPU kind
+   itself is new; ``--no-hwout`` skips it);
 3. the final plans measured again, alternately in one worker, three rounds
    each; the lower median of each counts (so the plan-latency ratio is not a
    comparison of two different moments).
@@ -88,20 +89,25 @@ def lofo_model(family: str, kind: str, cache: Path, console: Console):
     return m
 
 
-def hwout_model(kind: str, threads, cache: Path, console: Console):
-    """A model trained on every dataset without this machine (its fingerprint at these threads)."""
+def hwout_model(kind: str, threads, cache: Path, console: Console, whole_cpu: bool = False):
+    """A model trained on every dataset without this machine (its fingerprint at these threads), or, with
+    ``whole_cpu``, without this CPU at any thread count (the CPU kind is new to the model)."""
+    import os
+
     from collage_ml.measure.hardware import fingerprint
     from collage_ml.measure.runner import default_threads
     from collage_ml.models import create_model, load_model
 
     fp = fingerprint(threads or default_threads())
-    art = cache / f"hwout-{kind}-{fp}-{_tag(kind)}"
+    left_out = {fingerprint(t) for t in range(1, (os.cpu_count() or 1) + 1)} if whole_cpu else {fp}
+    art = cache / f"hwout-{kind}-{fp}{'-cpu' if whole_cpu else ''}-{_tag(kind)}"
     if (art / "meta.json").exists():
         return load_model(art)
-    train = _all_data().filter(lambda s: s.hardware != fp)
+    train = _all_data().filter(lambda s: s.hardware not in left_out)
     t = time.perf_counter()
     m = create_model(kind).fit(train)
-    console.print(f"[dim]trained {kind} without {fp}: {len(train)} samples, {time.perf_counter() - t:.0f} s[/]")
+    console.print(f"[dim]trained {kind} without {', '.join(sorted(left_out))}: {len(train)} samples, "
+                  f"{time.perf_counter() - t:.0f} s[/]")
     m.save(art)
     return m
 
@@ -135,6 +141,8 @@ def main() -> None:
     ap.add_argument("--cost-model", default="default", help="artifact for the non-LOFO form")
     ap.add_argument("--no-lofo", action="store_true", help="skip the leave-one-family-out guided run")
     ap.add_argument("--no-hwout", action="store_true", help="skip the guided run with this machine left out")
+    ap.add_argument("--hwout-cpu", action="store_true",
+                    help="leave this CPU out at every thread count, not only at this run's (a new CPU kind)")
     ap.add_argument("--kind", default="xgb", help="model kind trained for the leave-one-family-out and "
                                                   "machine-out runs")
     ap.add_argument("--session", action="store_true",
@@ -174,7 +182,7 @@ def main() -> None:
             elif variant == "guided-lofo":
                 kw["cost_model"] = lofo_model(family, args.kind, cache, console)
             elif variant == "guided-hwout":
-                kw["cost_model"] = hwout_model(args.kind, args.threads, cache, console)
+                kw["cost_model"] = hwout_model(args.kind, args.threads, cache, console, args.hwout_cpu)
             t = time.perf_counter()
             # each variant's database in its own folder: the updated cost model is saved next to its database
             # (``<folder>/cost-models/``), and one variant must never load another's

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-from dataclasses import replace
 import sys
 import tempfile
 import time
@@ -29,23 +28,21 @@ def main() -> None:
     ap.add_argument("--max-region-size", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--protocols", default="m1,m2",
-                    help="protocols to compare, by name (measure.timing.PROTOCOLS); NAMExN: at least N windows")
+                    help="protocols to compare, by name (measure.timing.PROTOCOLS, or an experiment arm of "
+                         "benchmarks/measure_agreement.py); NAMExN: at least N windows")
     ap.add_argument("--json", default="benchmarks/results/collect_rate.json")
     args = ap.parse_args()
 
     import collage_ml
     from collage_ml.measure.hardware import hardware_info
     from collage_ml.paths import default_threads
-    from collage_ml.measure.timing import PROTOCOLS
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from measure_agreement import protocol_config  # the protocols and the experiment arms, by name
 
     protocols = {}
     for spec in args.protocols.split(","):
         name, _, windows = spec.partition("x")  # "m3x3": m3 with at least 3 windows below its long_seconds
-        cfg = PROTOCOLS[name]
-        if windows:
-            n = int(windows)
-            cfg = replace(cfg, processes=n, max_processes=max(cfg.max_processes, n))
-        protocols[spec] = cfg
+        protocols[spec] = protocol_config(name, int(windows) if windows else None)
     rows: dict[str, list[dict]] = {p: [] for p in protocols}
     for rnd in range(args.rounds):
         order = list(protocols) if rnd % 2 == 0 else list(reversed(protocols))

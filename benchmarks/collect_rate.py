@@ -37,11 +37,13 @@ def main() -> None:
     from collage_ml.measure.hardware import hardware_info
     from collage_ml.paths import default_threads
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from measure_agreement import protocol_config  # the protocols and the experiment arms, by name
+    from measure_agreement import protocol_config, protocols_by_name  # the protocols and experiment arms
 
     protocols = {}
+    known = protocols_by_name()
     for spec in args.protocols.split(","):
-        name, _, windows = spec.partition("x")  # "m3x3": m3 with at least 3 windows below its long_seconds
+        # "m3x3": m3 with at least 3 windows below its long_seconds; a name that holds an x ("m2x1") is a name
+        name, _, windows = (spec, "", "") if spec in known else spec.partition("x")
         protocols[spec] = protocol_config(name, int(windows) if windows else None)
     rows: dict[str, list[dict]] = {p: [] for p in protocols}
     for rnd in range(args.rounds):

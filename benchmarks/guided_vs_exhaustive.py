@@ -38,6 +38,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import shutil
 import time
 from pathlib import Path
@@ -92,8 +93,6 @@ def lofo_model(family: str, kind: str, cache: Path, console: Console):
 def hwout_model(kind: str, threads, cache: Path, console: Console, whole_cpu: bool = False):
     """A model trained on every dataset without this machine (its fingerprint at these threads), or, with
     ``whole_cpu``, without this CPU at any thread count (the CPU kind is new to the model)."""
-    import os
-
     from collage_ml.measure.hardware import fingerprint
     from collage_ml.measure.runner import default_threads
     from collage_ml.models import create_model, load_model

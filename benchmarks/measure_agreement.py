@@ -33,12 +33,13 @@ DECADES = ((0, 10e-6, "< 10 us"), (10e-6, 100e-6, "10-100 us"), (100e-6, 1e-3, "
 TOL = math.log(1.1)
 
 
-def protocol_config(name: str, processes: int | None = None):
+def protocols_by_name() -> dict:
+    """The stored protocols (``measure.timing.PROTOCOLS``) and the experiment arms, by name."""
     from dataclasses import replace
 
     from collage_ml.measure.timing import PROTOCOLS, TimingConfig
 
-    cfg = {
+    return {
         **PROTOCOLS,
         # experiment arms, never stored: the new protocol with idle CPUs polling, and with one process
         "m2q": TimingConfig(hold_cpu_latency=True, name="m2q"),
@@ -48,12 +49,19 @@ def protocol_config(name: str, processes: int | None = None):
         # m3 with passes over 256 candidates, not 64: a candidate's windows lie about 4x further apart, past
         # the ~5 s the host's slow state lasts (benchmarks/noise_detectors.py)
         "m3w": replace(PROTOCOLS["m3"], pass_chunk=256, name="m3w"),
-        # m5 with windows of at most 30 ms instead of 0.1 s: what buys agreement is the number of windows, not
-        # their length, and a window that has not settled within 30 ms rarely settles by 0.1 s
+        # m5 with windows of at most 30 ms instead of 0.1 s (the Zen 4's m5 windows averaged 34 ms): does the
+        # number of windows, not their length, buy the agreement, at a higher collection rate?
         "m5q": replace(PROTOCOLS["m5"], time_cap=0.03, name="m5q"),
-    }.get(name)
+    }
+
+
+def protocol_config(name: str, processes: int | None = None):
+    from dataclasses import replace
+
+    known = protocols_by_name()
+    cfg = known.get(name)
     if cfg is None:
-        raise SystemExit(f"unknown protocol {name!r}: {', '.join(PROTOCOLS)}, m2q, m2x1, m5s, m3w or m5q")
+        raise SystemExit(f"unknown protocol {name!r}: {', '.join(known)}")
     return replace(cfg, processes=processes, max_processes=max(cfg.max_processes, processes)) if processes else cfg
 
 

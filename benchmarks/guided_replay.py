@@ -1,7 +1,8 @@
 """Replay the guided op-level loop on a measured database: which rule decides what to measure, with no noise.
 
     .venv/bin/python benchmarks/guided_replay.py --db datasets/cpu-2core-zen5-m3/measurements.db \
-        [--cost-model default|ARTIFACT ...] [--models all|a,b] [--max-region-size 2] [--json OUT]
+        [--cost-model default|ARTIFACT ...] [--models all|a,b] [--max-region-size 2] [--json OUT] \
+        [--hardware FP --threads N] [--without FP,FP]
 
 A dataset collected with the enumerate sampler holds every candidate that
 ``place`` enumerates for a zoo model on this machine. This benchmark runs
@@ -11,9 +12,17 @@ deterministic, takes about a minute per cost model (mostly featurizing), and can
 model. For each model and cost model it prints how many distinct candidates
 each rule "measured" and the cost of the DP plan it ends with, against the
 optimum of the DP over the whole table (the exhaustive answer on the same
-numbers). Rules: ``default`` (``GuidedConfig()``) and ``min-gain 0`` (a plan
+numbers). Rules: ``default`` (``GuidedConfig()``), ``min-gain 0`` (a plan
 with unmeasured candidates is pursued whatever gain it is predicted to bring
-over the best plan measured in full, as before ``GuidedConfig.min_gain``).
+over the best plan measured in full, as before ``GuidedConfig.min_gain``) and
+``sample 0`` (a pursued plan's parts are measured in full at once, as before
+``GuidedConfig.sample_first``).
+
+``--hardware`` replays another machine's rows (a dataset from another CPU
+kind; its probes are read from the database, never timed here), and
+``--without`` adds a model trained on every dataset but those fingerprints:
+with every thread count of the replayed CPU kind left out, the replay tests
+guided placement on a CPU kind the model never saw.
 
 Only the op-level loop is replayed: no end-to-end plan timings, no graph-level
 search, and hand-offs cost 0 in both (the datasets hold no boundary costs).
@@ -37,7 +46,8 @@ from rich.table import Table
 from collage_ml.backends.base import resolve_backends
 from collage_ml.candidates import enumerate_candidates
 from collage_ml.db import Database
-from collage_ml.featurize.hardware import calibrated
+from collage_ml.featurize.hardware import HardwareDesc, calibrated
+from collage_ml.measure.probes import PROBE_SET_VERSION
 from collage_ml.ir import zoo
 from collage_ml.ir.importers import import_model
 from collage_ml.measure.runner import Runner
@@ -47,6 +57,7 @@ from collage_ml.search.guided import GuidedConfig, guided_op_level
 
 RULES = {
     "min-gain 0": GuidedConfig(min_gain=0.0),  # the loop before the min_gain rule: every predicted gain is pursued
+    "sample 0": GuidedConfig(sample_first=0),  # a pursued plan's parts measured in full at once, as before sample_first
     "default": GuidedConfig(),
 }
 
@@ -74,6 +85,27 @@ def replay(graph, backends, runner, model, hw, cfg: GuidedConfig, max_region_siz
     }
 
 
+def _trained_without(fingerprints: list[str]) -> Path:
+    """An XGBoost artifact trained on every dataset (as ``guided_vs_exhaustive.py`` picks them) but the rows of
+    ``fingerprints``; trained once, then read from the cache."""
+    import hashlib
+
+    from guided_vs_exhaustive import ROOT, _all_data, _tag
+
+    from collage_ml.models import create_model
+
+    name = hashlib.sha1(",".join(fingerprints).encode()).hexdigest()[:10]
+    art = ROOT / ".cache" / "guided-bench" / f"without-{name}-xgb-{_tag('xgb')}"
+    if not (art / "meta.json").exists():
+        left_out = set(fingerprints)
+        data = _all_data()
+        train = data.filter(lambda s: s.hardware not in left_out)
+        if len(train) == len(data):
+            raise SystemExit(f"guided_replay: no dataset has rows of {', '.join(fingerprints)}")
+        create_model("xgb").fit(train).save(art)
+    return art
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--db", required=True)
@@ -83,10 +115,19 @@ def main() -> None:
     ap.add_argument("--backends", default="onnxruntime,openvino,torch,inductor")
     ap.add_argument("--max-region-size", type=int, default=2)
     ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--hardware", default=None,
+                    help="replay the rows of this fingerprint (default: this machine's), e.g. a dataset from another CPU "
+                         "kind; the cost model then reads that machine's description and probes from the database")
+    ap.add_argument("--without", default=None, metavar="FP[,FP...]",
+                    help="also replay an XGBoost model trained on every dataset except these fingerprints (every "
+                         "thread count of the replayed CPU kind, to test a CPU kind the model never saw); cached "
+                         "under .cache/guided-bench/")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     models = zoo.names(include_tiny=False) if args.models == "all" else args.models.split(",")
     arts = args.cost_model or ["default"]
+    if args.without:
+        arts.append(str(_trained_without(sorted(args.without.split(",")))))
     backends = resolve_backends(args.backends)
     console = Console(width=200)
     out: dict = {}
@@ -98,7 +139,20 @@ def main() -> None:
         pass
     shutil.copyfile(args.db, copy)
     with Database(copy) as db, Runner(db=db, threads=args.threads) as runner:
-        hw = calibrated(runner, backends)  # the probes are in the database: nothing is timed
+        if args.hardware:
+            info = db.hardware_info(args.hardware)
+            if info is None:
+                raise SystemExit(f"guided_replay: {args.db} has no machine {args.hardware}")
+            runner.hardware = args.hardware  # the lookups read that machine's rows
+            # its probes are read, never measured here (this machine is another one)
+            table = {b.name: db.probes(args.hardware, b.name, b.version, runner.timing.name, PROBE_SET_VERSION)
+                     for b in backends}
+            if not any(table.values()):
+                raise SystemExit(f"guided_replay: {args.db} has no probes of {args.hardware} under "
+                                 f"{runner.timing.name}")
+            hw = HardwareDesc.from_info(info, runner.threads).with_probes(table)
+        else:
+            hw = calibrated(runner, backends)  # the probes are in the database: nothing is timed
         for art in arts:
             model = load_model(art)
             t = Table(title=f"guided loop replayed on {Path(args.db).parent.name} ({runner.hardware}), cost model {art}, "

@@ -191,6 +191,38 @@ def test_a_gain_beyond_min_gain_is_still_found(seed):
     assert all(i in res.measured for i in whole[:2])
 
 
+@pytest.mark.parametrize("seed", range(4))
+def test_a_sample_of_the_plan_exposes_a_backend_the_model_underprices(seed):
+    """Every part on backend B is predicted 1.5x too fast (a machine the model misjudges for one backend),
+    while the whole model, measured first, is predicted right and is truly the best plan. The finer plan on B
+    looks 30% faster. With ``sample_first`` the loop measures B's three most expensive parts of that plan,
+    learns B's bias from them and keeps the whole model; without it, it measures the whole finer plan."""
+    graph = random_dag(16, seed)  # large enough that a plan has more than three parts per backend
+    cands = all_candidates(graph) + [Candidate(graph.whole(), b) for b in (A, B)]
+    truth = true_costs(cands, seed)
+    whole = [i for i, c in enumerate(cands) if c.subgraph.mask == graph.all_mask]
+    rest = [i for i in range(len(cands)) if i not in whole]
+    parts = solve(graph, [cands[i] for i in rest], [truth[i] for i in rest])
+    truth = list(truth)
+    for i in whole:  # the whole model: truly 5% faster than any finer plan, on either backend
+        truth[i] = parts.cost * 0.95
+    pred = [t / 1.5 if cands[i].backend is B and i not in whole else t for i, t in enumerate(truth)]
+    sampled, calls = run(graph, cands, truth, pred, 0.01, lambda a, b, n: 0.0)
+    at_once, _ = run(graph, cands, truth, pred, 0.01, lambda a, b, n: 0.0, GuidedConfig(sample_first=0))
+    best = solve(graph, cands, truth)
+    for res in (sampled, at_once):
+        assert [c.subgraph.mask for c in res.dp.choice] == [graph.all_mask]
+        assert res.dp.cost == pytest.approx(best.cost)
+    # the whole model on both backends, then at most three parts per backend of the plan
+    assert len(calls[0]) == 2 and all(cands[i].subgraph.mask == graph.all_mask for i in calls[0])
+    per_backend = {}
+    for i in calls[1]:
+        per_backend[cands[i].backend.name] = per_backend.get(cands[i].backend.name, 0) + 1
+    assert per_backend and max(per_backend.values()) <= 3, per_backend
+    assert sampled.bias.get("fake-b") == pytest.approx(math.log(1.5))
+    assert sampled.new_measurements < at_once.new_measurements, (sampled.new_measurements, at_once.new_measurements)
+
+
 def test_config_is_checked():
     with pytest.raises(ValueError, match="k must be"):
         GuidedConfig(k=-1)
@@ -198,6 +230,8 @@ def test_config_is_checked():
         GuidedConfig(measure_budget=-2)
     with pytest.raises(ValueError, match="min_gain"):
         GuidedConfig(min_gain=1.0)
+    with pytest.raises(ValueError, match="sample_first"):
+        GuidedConfig(sample_first=-1)
 
 
 def test_kendall_tau():

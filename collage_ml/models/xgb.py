@@ -54,6 +54,17 @@ Targets (``target``)
     (``meta["margin_fallback"]``), and the trees tell them apart by the
     missing probe columns.
 
+    ``"roofline"`` is the default since 2026-12-02. Trees do not extrapolate:
+    on a CPU kind slower than every machine in training, a ``log`` model
+    predicts large kernels too fast, and the guided loop chases finer plans
+    that only look faster. The margin carries the probes' scale into the
+    prediction linearly. ``benchmarks/guided_replay.py --without``, each CPU
+    kind left out of training: ``log`` measured 9.9% of the Zen 4's
+    candidates and 1.0% of the Zen 5's; ``roofline`` measured 1.0% of both,
+    with the same plans. It costs some order: in ``benchmarks/cost_model.py``'s
+    CPU-kind-out folds, pairwise accuracy falls by 2 to 3 points (README,
+    "A cost model that knows the machine").
+
 Backend order (``ranker``)
     Next to the regressors, one booster learns XGBoost's ``rank:pairwise``
     objective within "same subgraph, which backend" groups (one query id per
@@ -119,7 +130,7 @@ DEFAULTS: dict[str, Any] = {
     "noise_scale": 1.0,
     "min_std": 0.01,
     "n_jobs": 1,
-    "target": "log",
+    "target": "roofline",
     "ranker": True,
     "ranker_weight": 0.1,
 }

@@ -22,6 +22,12 @@ mode would measure in full:
    predicted top-``k`` other backends and every backend whose interval
    (``z`` standard deviations) overlaps the chosen one's: the decision the
    cost model is least sure of. Then the DP runs again.
+   **A sample first** (``sample_first``, 3): before a plan's parts on a backend
+   are measured in full, the plan's most expensive unmeasured parts on each
+   backend this run has measured fewer than three parts of are measured
+   alone, and the DP runs again with the bias they reveal. On a machine the
+   model misjudges for one backend, the plan that looked fast is often given
+   up after those few (``benchmarks/guided_replay.py``).
 4. It stops when the chosen plan contains only measured candidates (and,
    with ``plan_check``, only measured hand-offs: the tuner prices a backend
    pair's boundary at 0 until a chosen plan uses it, then measures it), or
@@ -78,6 +84,10 @@ class GuidedConfig:
     #: a plan with unmeasured candidates is pursued only when it is predicted to beat the best plan already
     #: measured in full by more than this fraction (0: always); the tuner's margin for a mixed plan
     min_gain: float = 0.05
+    #: before a plan's unmeasured candidates are measured in full, this many of them per backend whose parts
+    #: this run has not measured yet (the plan's most expensive ones) are measured first, and the DP runs again
+    #: with the bias they reveal (0: measure the whole plan at once)
+    sample_first: int = 3
 
     def __post_init__(self):
         if self.k < 0:
@@ -88,6 +98,8 @@ class GuidedConfig:
             raise ValueError(f"optimism must be >= 0, got {self.optimism}")
         if not 0 <= self.min_gain < 1:
             raise ValueError(f"min_gain must be in [0, 1), got {self.min_gain}")
+        if self.sample_first < 0:
+            raise ValueError(f"sample_first must be >= 0, got {self.sample_first}")
         if self.measure_budget is not None and self.measure_budget < 0:
             raise ValueError(f"measure_budget must be >= 0 or None, got {self.measure_budget}")
 
@@ -253,6 +265,23 @@ def guided_op_level(
             return measured[k]
         return cal.bounds(cands[i].backend.name, float(pred_mean[i]), float(pred_sd[i]), cfg.optimism)[0]
 
+    def sampled(todo: list[int]) -> list[int]:
+        """The plan's ``sample_first`` most expensive unmeasured parts on each backend of which fewer than that
+        many parts are measured in this run (empty when every backend of the plan has that many, or when the
+        sample would be the plan's whole remainder anyway)."""
+        parts: dict[str, int] = {}
+        for k, v in measured.items():
+            i = first_of.get(k)
+            if v is not None and i is not None and cands[i].subgraph.mask != graph.all_mask:
+                parts[cands[i].backend.name] = parts.get(cands[i].backend.name, 0) + 1
+        out: list[int] = []
+        for b in dict.fromkeys(cands[i].backend.name for i in todo):
+            if parts.get(b, 0) >= cfg.sample_first:
+                continue
+            mine = sorted((i for i in todo if cands[i].backend.name == b), key=lambda i: -float(pred_mean[i]))
+            out += mine[: cfg.sample_first - parts.get(b, 0)]
+        return out if len(out) < len(todo) else []
+
     # the whole model on its predicted-best k+1 backends first: a plan measured in full to hold the others to
     whole = sorted((i for i, c in enumerate(cands) if c.subgraph.mask == graph.all_mask), key=lambda i: pred_mean[i])
     if cfg.min_gain > 0:
@@ -289,6 +318,13 @@ def guided_op_level(
         if cfg.measure_budget is not None and new >= cfg.measure_budget:
             budget_hit = True
             break
+        if cfg.sample_first:
+            sample = sampled(todo)
+            if sample:
+                before = new
+                run(sample)
+                if new > before:
+                    continue
         batch = list(todo)
         for i in todo:
             alts = [j for j in by_mask[cands[i].subgraph.mask] if j != i and keys[j] not in measured]

@@ -66,8 +66,7 @@ def _machine(speed: float) -> HardwareDesc:
     return BASE.with_probes({"onnxruntime": backend(3e7 * speed), "openvino": backend(4.5e7)})
 
 
-def test_probes_rank_a_machine_the_model_never_saw():
-    """On a held-out machine where the slower-on-average backend wins, only the model with probes ranks it right."""
+def _compute_bound_infos() -> list:
     infos = {}
     for name in ("resnet50-tiny", "mobilenetv2-tiny", "bert-tiny"):
         for c in enumerate_candidates(import_model(name), [get_backend("onnxruntime")], 2):
@@ -77,8 +76,14 @@ def test_probes_rank_a_machine_the_model_never_saw():
         v = i.node_values
         return float(v[:, 0].sum()) / max(float(v[:, 1].sum() + v[:, 2].sum()), 1.0)
 
-    infos = [i for i in infos.values() if intensity(i) > 1.0]  # compute-bound ones
-    assert len(infos) >= 40
+    out = [i for i in infos.values() if intensity(i) > 1.0]
+    assert len(out) >= 40
+    return out
+
+
+def test_probes_rank_a_machine_the_model_never_saw():
+    """On a held-out machine where the slower-on-average backend wins, only the model with probes ranks it right."""
+    infos = _compute_bound_infos()
 
     def data(speed: float, probes: bool) -> Dataset:
         hw = _machine(speed) if probes else BASE
@@ -98,6 +103,31 @@ def test_probes_rank_a_machine_the_model_never_saw():
             assert right >= 0.9, right
         else:  # the machines look the same without probes: the average over training machines wins
             assert right <= 0.1, right
+
+
+def test_the_roofline_target_carries_the_scale_to_a_machine_slower_than_any_in_training():
+    """Trees do not extrapolate: trained on machines 8-16x as fast, a ``log`` model predicts the slowest subgraphs
+    of a machine at 0.25x as if they took no longer than the slowest rows it was trained on (too fast). The
+    ``roofline`` target (the default) scales the prediction with the held-out machine's probes and lands close.
+    Scored on the held-out rows whose latency lies beyond every training row's."""
+    infos = _compute_bound_infos()
+
+    def data(speed: float) -> Dataset:
+        return Dataset([Sample(i, "onnxruntime", _machine(speed), _synthetic_latency(i, "onnxruntime", speed), "f",
+                               "f", hardware=f"m{speed}") for i in infos])
+
+    train = Dataset([s for sp in (2.0, 3.0, 4.0) for s in data(sp)])
+    top = max(s.latency for s in train)
+    held = [s for s in data(0.25) if s.latency > top]
+    assert len(held) >= 3, len(held)
+    truth = np.log([s.latency for s in held])
+    err = {}
+    for target in ("log", "roofline"):
+        m = XGBCostModel(n_members=1, n_estimators=200, seed=0, target=target).fit(train)
+        err[target] = float(np.median(truth - np.log(m.predict(held)[0])))  # > 0: predicted too fast
+    assert XGBCostModel().params["target"] == "roofline"
+    assert err["log"] > 0.3, err  # capped near the slowest training row: too fast
+    assert abs(err["roofline"]) < 0.2, err
 
 
 def test_an_artifact_from_before_the_hardware_features_is_refused(tmp_path, capsys):

@@ -6,6 +6,8 @@ Objective
     :func:`~collage_ml.featurize.flat.flat_matrix` (subgraph analysis, backend
     one-hot, hardware descriptor). Squared error in log space is relative error
     in latency, so a 10 µs elementwise op and a 100 ms convolution weigh alike.
+    Under the default target (``roofline``, below) the trees fit that log
+    latency on top of a per-row base margin, the roofline estimate.
 
 Uncertainty
     ``n_members`` boosters are trained on bootstrap resamples *of subgraphs*

@@ -11,6 +11,7 @@ from collage_ml.db import Database
 from collage_ml.ir import zoo
 from collage_ml.measure.timing import TimingConfig
 from collage_ml.search.evolutionary import EvoConfig
+from collage_ml.search.judging import MIXED_PLAN_MARGIN
 
 # one process per candidate: these tests are about placement and storage, not the protocol (test_protocol.py)
 FAST = TimingConfig(max_pressure=math.inf, max_steal=math.inf, contention_retries=0,
@@ -31,12 +32,16 @@ def test_place_every_tiny_model_matches_reference(model, tmp_path):
     assert rep["max_abs_error"] < 1e-3
     # a fresh database: every distinct candidate was measured in this run (a cache hit is a repeat of one)
     assert rep["measurements"] >= rep["distinct_candidates"] > 0
-    # the chosen plan is the fastest of the plans measured end to end in this run; when several were close,
-    # the fastest of those timed again head to head (README, "Search")
+    # the chosen plan is the fastest of the plans measured end to end in this run (when several were close,
+    # the fastest of those timed again head to head; README, "Search"), or the fastest one-partition plan when
+    # the fastest has several partitions and beats it by no more than MIXED_PLAN_MARGIN
     e2e = {k: v for k, v in rep["plans_e2e_ms"].items() if v is not None}
     if rep["head_to_head"] is not None:
         e2e = {k: v["ms"] for k, v in rep["head_to_head"]["plans"].items() if v["ms"] is not None}
-    assert rep["plan_latency_ms"] == pytest.approx(min(e2e.values()))
+    if rep["plan_latency_ms"] != pytest.approx(min(e2e.values())):
+        assert len(rep["partitions"]) == 1, rep
+        assert rep["plan_latency_ms"] in [pytest.approx(v) for v in e2e.values()]
+        assert min(e2e.values()) >= rep["plan_latency_ms"] * (1 - MIXED_PLAN_MARGIN), (rep["plan_latency_ms"], e2e)
     for p in rep["partitions"]:
         assert p["backend"] in ("onnxruntime", "openvino", "torch") and p["nodes"] > 0
     assert sum(p["nodes"] for p in rep["partitions"]) == len(pm.graph)

@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/guided_replay.py --db datasets/cpu-2core-zen5-m3/measurements.db \
         [--cost-model default|ARTIFACT ...] [--models all|a,b] [--max-region-size 2] [--json OUT] \
-        [--hardware FP --threads N] [--without FP,FP]
+        [--hardware FP --threads N] [--without FP,FP [--xgb-param KEY=VALUE]]
 
 A dataset collected with the enumerate sampler holds every candidate that
 ``place`` enumerates for a zoo model on this machine. This benchmark runs
@@ -85,16 +85,17 @@ def replay(graph, backends, runner, model, hw, cfg: GuidedConfig, max_region_siz
     }
 
 
-def _trained_without(fingerprints: list[str]) -> Path:
-    """An XGBoost artifact trained on every dataset (as ``guided_vs_exhaustive.py`` picks them) but the rows of
-    ``fingerprints``; trained once, then read from the cache."""
+def _trained_without(fingerprints: list[str], params: dict | None = None) -> Path:
+    """An XGBoost artifact (``params`` over the defaults) trained on every dataset (as ``guided_vs_exhaustive.py``
+    picks them) but the rows of ``fingerprints``; trained once, then read from the cache."""
     import hashlib
 
     from guided_vs_exhaustive import ROOT, _all_data, _tag
 
     from collage_ml.models import create_model
 
-    name = hashlib.sha1(",".join(fingerprints).encode()).hexdigest()[:10]
+    params = dict(params or {})
+    name = hashlib.sha1((",".join(fingerprints) + json.dumps(params, sort_keys=True)).encode()).hexdigest()[:10]
     art = ROOT / ".cache" / "guided-bench" / f"without-{name}-xgb-{_tag('xgb')}"
     if not (art / "meta.json").exists():
         left_out = set(fingerprints)
@@ -102,7 +103,7 @@ def _trained_without(fingerprints: list[str]) -> Path:
         train = data.filter(lambda s: s.hardware not in left_out)
         if len(train) == len(data):
             raise SystemExit(f"guided_replay: no dataset has rows of {', '.join(fingerprints)}")
-        create_model("xgb").fit(train).save(art)
+        create_model("xgb", **params).fit(train).save(art)
     return art
 
 
@@ -118,6 +119,8 @@ def main() -> None:
     ap.add_argument("--hardware", default=None,
                     help="replay the rows of this fingerprint (default: this machine's), e.g. a dataset from another CPU "
                          "kind; the cost model then reads that machine's description and probes from the database")
+    ap.add_argument("--xgb-param", action="append", default=[], metavar="KEY=VALUE",
+                    help="a parameter of the --without model (e.g. target=log; repeatable)")
     ap.add_argument("--without", default=None, metavar="FP[,FP...]",
                     help="also replay an XGBoost model trained on every dataset except these fingerprints (every "
                          "thread count of the replayed CPU kind, to test a CPU kind the model never saw); cached "
@@ -127,7 +130,16 @@ def main() -> None:
     models = zoo.names(include_tiny=False) if args.models == "all" else args.models.split(",")
     arts = args.cost_model or ["default"]
     if args.without:
-        arts.append(str(_trained_without(sorted(args.without.split(",")))))
+        params = {}
+        for item in args.xgb_param:
+            key, sep, value = item.partition("=")
+            if not sep or not key:
+                raise SystemExit(f"guided_replay: --xgb-param expects KEY=VALUE, got {item!r}")
+            try:
+                params[key] = json.loads(value)
+            except json.JSONDecodeError:
+                params[key] = value
+        arts.append(str(_trained_without(sorted(args.without.split(",")), params)))
     backends = resolve_backends(args.backends)
     console = Console(width=200)
     out: dict = {}

@@ -10,7 +10,7 @@ import pytest
 from collage_ml.backends import get_backend
 from collage_ml.candidates import enumerate_candidates
 from collage_ml.featurize import roofline
-from collage_ml.featurize.flat import FEATURES, flat_matrix
+from collage_ml.featurize.flat import FEATURES, flat_matrix, machine_log_estimates
 from collage_ml.featurize.hardware import HardwareDesc
 from collage_ml.featurize.info import subgraph_info
 from collage_ml.ir.importers import import_model
@@ -108,7 +108,7 @@ def test_probes_rank_a_machine_the_model_never_saw():
 def test_the_roofline_target_carries_the_scale_to_a_machine_slower_than_any_in_training():
     """Trees do not extrapolate: trained on machines 8-16x as fast, a ``log`` model predicts the slowest subgraphs
     of a machine at 0.25x as if they took no longer than the slowest rows it was trained on (too fast). The
-    ``roofline`` target (the default) scales the prediction with the held-out machine's probes and lands close.
+    ``roofline`` target scales the prediction with the held-out machine's probes and lands close.
     Scored on the held-out rows whose latency lies beyond every training row's."""
     infos = _compute_bound_infos()
 
@@ -125,9 +125,61 @@ def test_the_roofline_target_carries_the_scale_to_a_machine_slower_than_any_in_t
     for target in ("log", "roofline"):
         m = XGBCostModel(n_members=1, n_estimators=200, seed=0, target=target).fit(train)
         err[target] = float(np.median(truth - np.log(m.predict(held)[0])))  # > 0: predicted too fast
-    assert XGBCostModel().params["target"] == "roofline"
     assert err["log"] > 0.3, err  # capped near the slowest training row: too fast
     assert abs(err["roofline"]) < 0.2, err
+
+
+def test_the_machine_estimate_is_one_scale_for_every_backend_of_a_candidate():
+    """``roofline-mean``'s margin: the mean of the probed backends' log estimates, the same whichever backend
+    runs the candidate; configured variants are left out where their plain backend is probed; NaN without
+    probes."""
+    info = subgraph_info(next(iter(enumerate_candidates(import_model("resnet50-tiny"), [get_backend("onnxruntime")], 1))).subgraph)
+    hw = BASE.with_probes({"onnxruntime": fake_probes(), "openvino": fake_probes(scale=2.0),
+                           "onnxruntime[spin=on]": fake_probes(scale=8.0)})
+    est = FEATURES.index("roof_log_est")
+    rows = flat_matrix([(info, "onnxruntime", hw), (info, "openvino", hw)])
+    got = machine_log_estimates([(info, hw), (info, hw), (info, BASE)])
+    assert got[0] == got[1] == pytest.approx((rows[0, est] + rows[1, est]) / 2, abs=1e-5)
+    assert rows[1, est] < got[0] < rows[0, est]  # between the two backends' own estimates
+    assert math.isnan(got[2])
+    only_variant = BASE.with_probes({"onnxruntime[spin=on]": fake_probes(scale=8.0)})
+    assert math.isfinite(machine_log_estimates([(info, only_variant)])[0])
+
+
+def test_the_mean_target_carries_the_scale_of_a_whole_machine_slower_than_any_in_training():
+    """Where a whole machine is slower (every backend's rates scale together, as between the Zen 4 and the Zen 5),
+    ``roofline-mean`` carries the held-out machine's scale as ``roofline`` does; ``log`` cannot."""
+    infos = _compute_bound_infos()
+
+    def latency(info, backend: str, speed: float) -> float:
+        v = info.node_values
+        flops, moved = float(v[:, 0].sum()), float(v[:, 1].sum() + v[:, 2].sum())
+        rate = (3e7 if backend == "onnxruntime" else 4.5e7) * speed
+        return 8e-6 + 1.5e-6 * info.n_nodes + flops / rate + 1.3 * moved / (2e8 * speed)
+
+    def machine(speed: float) -> HardwareDesc:
+        def backend(c: float) -> dict[str, float]:
+            return fake_probes(overhead=8e-6, rates={"conv": c, "dw": c, "mm": c, "mem": 2e8 * speed / 1.3})
+
+        return BASE.with_probes({"onnxruntime": backend(3e7 * speed), "openvino": backend(4.5e7 * speed)})
+
+    def data(speed: float) -> Dataset:
+        hw = machine(speed)
+        return Dataset([Sample(i, b, hw, latency(i, b, speed), "f", "f", hardware=f"m{speed}")
+                        for i in infos for b in ("onnxruntime", "openvino")])
+
+    train = Dataset([s for sp in (2.0, 3.0, 4.0) for s in data(sp)])
+    top = max(s.latency for s in train)
+    held = [s for s in data(0.25) if s.latency > top]
+    assert len(held) >= 3, len(held)
+    truth = np.log([s.latency for s in held])
+    err = {}
+    for target in ("log", "roofline-mean"):
+        m = XGBCostModel(n_members=1, n_estimators=200, seed=0, target=target).fit(train)
+        err[target] = float(np.median(truth - np.log(m.predict(held)[0])))
+    assert XGBCostModel().params["target"] == "roofline-mean"  # the default
+    assert err["log"] > 0.3, err
+    assert abs(err["roofline-mean"]) < 0.2, err
 
 
 def test_an_artifact_from_before_the_hardware_features_is_refused(tmp_path, capsys):
@@ -153,3 +205,25 @@ def test_an_artifact_from_before_the_hardware_features_is_refused(tmp_path, caps
     assert cli.main(["eval", "--db", str(db), "--artifact", str(art)]) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "feature schema 1" in err[0] and "Traceback" not in err[0], err
+
+
+@pytest.mark.parametrize("target", ["log", "roofline", "roofline-mean"])
+def test_each_target_survives_save_and_load_and_updates(target, tmp_path):
+    """The margin is recomputed from the samples after a load, so a loaded artifact predicts exactly as the model
+    it was saved from, and a continued update keeps its target."""
+    from collage_ml.models import load_model
+
+    infos = _compute_bound_infos()[:40]
+    data = Dataset([Sample(i, b, _machine(sp), _synthetic_latency(i, b, sp), "f", "f", hardware=f"m{sp}")
+                    for sp in (1.0, 2.0) for i in infos for b in ("onnxruntime", "openvino")])
+    m = XGBCostModel(n_members=2, n_estimators=40, seed=0, target=target).fit(data)
+    loaded = load_model(m.save(tmp_path / "m"))
+    assert loaded.params["target"] == target
+    np.testing.assert_array_equal(m.predict_log(data.samples)[0], loaded.predict_log(data.samples)[0])
+    assert loaded.update(Dataset(data.samples[:20]))["mode"] == "continue"
+    assert np.all(np.isfinite(loaded.predict_log(data.samples)[0]))
+
+
+def test_an_unknown_target_is_named():
+    with pytest.raises(ValueError, match="roofline-mean"):
+        XGBCostModel(target="roofline-median")

@@ -186,7 +186,7 @@ def test_ranker_reorders_backends_and_keeps_the_levels(fitted):
         by.setdefault(s.info.hash, []).append(i)
     groups = [np.array(v) for v in by.values() if len(v) == len(BACKENDS)]
     assert len(groups) > 100
-    X = model._features(test.samples)
+    X, _ = model._features(test.samples)
     score = ranker.inplace_predict(X)
     w = model.params["ranker_weight"]
     moved = 0

@@ -170,3 +170,19 @@ def flat_matrix(items: Sequence[tuple[SubgraphInfo, str, HardwareDesc]]) -> np.n
         out[i, tail + n_static] = sub[N_OPS] - np.log(max(hw.threads, 1))
         out[i, tail + n_static + 1 :] = roofline.features(info, hw.probes_of(backend))
     return out
+
+
+def machine_log_estimates(items: Sequence[tuple[SubgraphInfo, HardwareDesc]]) -> np.ndarray:
+    """Per (info, hardware): :func:`roofline.machine_log_estimate` over the machine's probed backends (the
+    configured variants, ``name[...]``, left out where a plain backend is probed); NaN without probes."""
+    out = np.full(len(items), np.nan)
+    tables: dict[int, list] = {}
+    for i, (info, hw) in enumerate(items):
+        probes = tables.get(id(hw))
+        if probes is None:
+            names = [b for b, _ in hw.probes]
+            plain = [b for b in names if "[" not in b] or names
+            probes = tables[id(hw)] = [hw.probes_of(b) for b in plain]
+        if probes:
+            out[i] = roofline.machine_log_estimate(info, probes)
+    return out

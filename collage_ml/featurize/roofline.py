@@ -28,7 +28,7 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Iterable, Sequence
 
 import numpy as np
 
@@ -167,3 +167,18 @@ def features(info: SubgraphInfo, probes: Sequence[float | None] | None) -> list[
         return [math.nan] * (len(CLASSES) + 1 + 3) + raw
     est, comp, mem = estimate(info, r)
     return [*r.vector(), math.log(est), math.log(max(comp, 1e-12)), math.log(max(mem, 1e-12)), *raw]
+
+
+def machine_log_estimate(info: SubgraphInfo, probes_by_backend: Iterable[Sequence[float | None] | None]) -> float:
+    """The mean over a machine's probed backends of log(:func:`estimate`) for one candidate: one scale for the
+    machine, the same whichever backend runs the candidate (NaN when no backend's probes give rates).
+
+    The mean of several backends' estimates is steadier than any one backend's, whose probes carry their own
+    noise; the XGBoost ``roofline-mean`` target takes it as the base margin, and the trees learn each
+    backend's ratio to it."""
+    logs = []
+    for probes in probes_by_backend:
+        r = rates(tuple(probes)) if probes is not None and len(probes) == len(PROBE_NAMES) else None
+        if r is not None:
+            logs.append(math.log(estimate(info, r)[0]))
+    return float(np.mean(logs)) if logs else math.nan

@@ -46,26 +46,36 @@ Update policy (MetaSchedule-style)
     Updating a model that was never fitted fits it.
 
 Targets (``target``)
-    ``"log"`` regresses the log latency itself. ``"roofline"`` regresses it
-    relative to the roofline estimate the probes give for the candidate's
-    backend on its machine (:mod:`~collage_ml.featurize.roofline`): each row's
-    XGBoost ``base_margin`` is its ``roof_log_est``, so the trees learn
-    log(latency / estimate), which moves less between machines than the
-    latency. Rows of machines without probes have no estimate; their margin is
-    the mean log latency of such rows in the training set
+    ``"log"`` regresses the log latency itself. The two roofline targets
+    regress it relative to an estimate that the probes give on the sample's
+    machine (:mod:`~collage_ml.featurize.roofline`): each row's XGBoost
+    ``base_margin`` is a log estimate, so the trees learn log(latency /
+    estimate), which moves less between machines than the latency.
+    ``"roofline"`` takes the estimate of the candidate's own backend
+    (``roof_log_est``); ``"roofline-mean"`` takes the mean over the machine's
+    probed backends of their log estimates
+    (:func:`~collage_ml.featurize.flat.machine_log_estimates`), one scale for
+    the machine whichever backend runs the candidate, so that the order of the
+    backends is the trees' to learn and one backend's noisy probes do not move
+    it. Rows of machines without probes have no estimate; their margin is the
+    mean log latency of such rows in the training set
     (``meta["margin_fallback"]``), and the trees tell them apart by the
     missing probe columns.
 
-    ``"roofline"`` is the default since 2026-12-02. Trees do not extrapolate:
-    on a CPU kind slower than every machine in training, a ``log`` model
-    predicts large kernels too fast, and the guided loop chases finer plans
-    that only look faster. The margin carries the probes' scale into the
-    prediction linearly. ``benchmarks/guided_replay.py --without``, each CPU
-    kind left out of training: ``log`` measured 9.9% of the Zen 4's
-    candidates and 1.0% of the Zen 5's; ``roofline`` measured 1.0% of both,
-    with the same plans. It costs some order: in ``benchmarks/cost_model.py``'s
-    CPU-kind-out folds, pairwise accuracy falls by 2 to 3 points (README,
-    "A cost model that knows the machine").
+    Trees do not extrapolate: on a CPU kind slower than every machine in
+    training, a ``log`` model predicts large kernels too fast, and the guided
+    loop chases finer plans that only look faster. A margin carries the
+    probes' scale into the prediction linearly. ``benchmarks/guided_replay.py
+    --without``, each CPU kind left out of training: ``log`` measured 9.9% of
+    the Zen 4's candidates and 1.0% of the Zen 5's; ``roofline`` and
+    ``roofline-mean`` measured 1.0% of both, with the same plans. In
+    ``benchmarks/cost_model.py``'s CPU-kind-out folds ``roofline`` lost 2 to 3
+    points of pairwise accuracy against ``log``; ``roofline-mean`` did not
+    (README, "A cost model that knows the machine"). ``"roofline-mean"`` is
+    the default since 2026-12-03 (``"roofline"`` from 2026-12-02). Where the
+    backends' speeds part ways between machines (one backend faster on the new
+    machine, another not), the mean carries only part of each backend's
+    scale; the probe columns are there for the trees to learn the rest.
 
 Backend order (``ranker``)
     Next to the regressors, one booster learns XGBoost's ``rank:pairwise``
@@ -101,7 +111,7 @@ from typing import Any, Sequence
 import numpy as np
 import xgboost as xgb
 
-from collage_ml.featurize.flat import FEATURES, ROOF_EST, flat_matrix
+from collage_ml.featurize.flat import FEATURES, ROOF_EST, flat_matrix, machine_log_estimates
 from collage_ml.models.base import ArtifactError, CostModel
 from collage_ml.models.dataset import Dataset, Sample
 
@@ -132,11 +142,11 @@ DEFAULTS: dict[str, Any] = {
     "noise_scale": 1.0,
     "min_std": 0.01,
     "n_jobs": 1,
-    "target": "roofline",
+    "target": "roofline-mean",
     "ranker": True,
     "ranker_weight": 0.1,
 }
-TARGETS = ("log", "roofline")
+TARGETS = ("log", "roofline", "roofline-mean")
 
 
 class XGBCostModel(CostModel):
@@ -175,28 +185,34 @@ class XGBCostModel(CostModel):
             "verbosity": 0,
         }
 
-    @staticmethod
-    def _features(samples: Sequence[Sample]) -> np.ndarray:
-        return flat_matrix([(s.info, s.backend, s.hw) for s in samples])
+    def _features(self, samples: Sequence[Sample]) -> tuple[np.ndarray, np.ndarray | None]:
+        """The feature rows, and each row's log estimate under a roofline target (None under ``log``; NaN
+        where the machine has no probes)."""
+        X = flat_matrix([(s.info, s.backend, s.hw) for s in samples])
+        target = self.params["target"]
+        if target == "roofline":
+            return X, X[:, ROOF_EST].astype(np.float64)
+        if target == "roofline-mean":
+            return X, machine_log_estimates([(s.info, s.hw) for s in samples])
+        return X, None
 
-    def _margin(self, X: np.ndarray) -> np.ndarray | None:
-        """Per-row base margin under the ``roofline`` target (None under ``log``)."""
-        if self.params["target"] != "roofline":
+    def _margin(self, est: np.ndarray | None) -> np.ndarray | None:
+        """Per-row base margin: the estimate, or the fallback where there is none (None under ``log``)."""
+        if est is None:
             return None
-        m = X[:, ROOF_EST].astype(np.float64)
+        m = est.copy()
         bad = ~np.isfinite(m)
         if bad.any():
             m[bad] = float(self.meta.get("margin_fallback") or 0.0)
         return m
 
-    def _set_fallback(self, X: np.ndarray, y: np.ndarray) -> None:
-        if self.params["target"] == "roofline":
-            bad = ~np.isfinite(X[:, ROOF_EST])
+    def _set_fallback(self, est: np.ndarray | None, y: np.ndarray) -> None:
+        if est is not None:
+            bad = ~np.isfinite(est)
             self.meta["margin_fallback"] = float(y[bad].mean() if bad.any() else y.mean())
 
-    def _dmatrix(self, X: np.ndarray, y: np.ndarray, w: np.ndarray) -> xgb.DMatrix:
+    def _dmatrix(self, X: np.ndarray, y: np.ndarray, w: np.ndarray, margin: np.ndarray | None) -> xgb.DMatrix:
         keep = w > 0  # out-of-bag rows are left out
-        margin = self._margin(X)
         return xgb.DMatrix(
             X[keep], label=y[keep], weight=w[keep], feature_names=list(FEATURES), nthread=int(self.params["n_jobs"]),
             base_margin=None if margin is None else margin[keep],
@@ -265,16 +281,16 @@ class XGBCostModel(CostModel):
         return self
 
     def _fit_all(self, data: Dataset) -> None:
-        X, y = self._features(data.samples), data.y()
-        self._set_fallback(X, y)
-        margin = self._margin(X)
+        (X, est), y = self._features(data.samples), data.y()
+        self._set_fallback(est, y)
+        margin = self._margin(est)
         rng = np.random.default_rng(int(self.params["seed"]))
         members, oob = [], []
         for i in range(int(self.params["n_members"])):
             w = self._weights(data.samples, rng)
             keep = w > 0
             rounds = int(self.params["n_estimators"])
-            b = xgb.train(self._booster_params(i), self._dmatrix(X, y, w), num_boost_round=rounds)
+            b = xgb.train(self._booster_params(i), self._dmatrix(X, y, w, margin), num_boost_round=rounds)
             members.append(b)
             out = ~keep
             if out.sum() >= 10:
@@ -316,13 +332,14 @@ class XGBCostModel(CostModel):
         n_replay = min(len(old), int(math.ceil(float(self.params["replay_ratio"]) * n)))
         replay = random.Random(int(self.params["seed"]) + int(self.meta.get("updates", 0)) + 1).sample(old, n_replay)
         mix = list(new.samples) + replay
-        X, y = self._features(mix), Dataset(mix).y()
+        (X, est), y = self._features(mix), Dataset(mix).y()
+        margin = self._margin(est)
         rng = np.random.default_rng(int(self.params["seed"]) + 7919 * (int(self.meta.get("updates", 0)) + 1))
         rounds = int(self.params["update_rounds"])
         members = []
         for i, b in enumerate(self.members):
             w = self._weights(mix, rng)
-            d = self._dmatrix(X, y, w)
+            d = self._dmatrix(X, y, w, margin)
             members.append(xgb.train(self._booster_params(i), d, num_boost_round=rounds, xgb_model=b))
         self.members = members
         self.ranker = self._fit_ranker(X, mix, y, rounds, start=self.ranker)
@@ -336,8 +353,8 @@ class XGBCostModel(CostModel):
             raise RuntimeError("XGBCostModel is not fitted; call fit() or load_model() first")
         if not len(samples):
             return np.zeros((len(self.members), 0))
-        X = self._features(samples)
-        margin = self._margin(X)
+        X, est = self._features(samples)
+        margin = self._margin(est)
         P = np.stack([b.inplace_predict(X, base_margin=margin) for b in self.members]).astype(np.float64)
         return self._apply_ranker(P, samples, X)
 

@@ -105,6 +105,21 @@ def test_probes_rank_a_machine_the_model_never_saw():
             assert right <= 0.1, right
 
 
+def _errors_beyond_training(data, targets) -> dict[str, float]:
+    """Per target: trained on ``data`` at speeds 2, 3 and 4, the median log(measured / predicted) of the rows at
+    speed 0.25 that are slower than every training row (> 0: predicted too fast)."""
+    train = Dataset([s for sp in (2.0, 3.0, 4.0) for s in data(sp)])
+    top = max(s.latency for s in train)
+    held = [s for s in data(0.25) if s.latency > top]
+    assert len(held) >= 3, len(held)
+    truth = np.log([s.latency for s in held])
+    err = {}
+    for target in targets:
+        m = XGBCostModel(n_members=1, n_estimators=200, seed=0, target=target).fit(train)
+        err[target] = float(np.median(truth - np.log(m.predict(held)[0])))
+    return err
+
+
 def test_the_roofline_target_carries_the_scale_to_a_machine_slower_than_any_in_training():
     """Trees do not extrapolate: trained on machines 8-16x as fast, a ``log`` model predicts the slowest subgraphs
     of a machine at 0.25x as if they took no longer than the slowest rows it was trained on (too fast). The
@@ -116,15 +131,7 @@ def test_the_roofline_target_carries_the_scale_to_a_machine_slower_than_any_in_t
         return Dataset([Sample(i, "onnxruntime", _machine(speed), _synthetic_latency(i, "onnxruntime", speed), "f",
                                "f", hardware=f"m{speed}") for i in infos])
 
-    train = Dataset([s for sp in (2.0, 3.0, 4.0) for s in data(sp)])
-    top = max(s.latency for s in train)
-    held = [s for s in data(0.25) if s.latency > top]
-    assert len(held) >= 3, len(held)
-    truth = np.log([s.latency for s in held])
-    err = {}
-    for target in ("log", "roofline"):
-        m = XGBCostModel(n_members=1, n_estimators=200, seed=0, target=target).fit(train)
-        err[target] = float(np.median(truth - np.log(m.predict(held)[0])))  # > 0: predicted too fast
+    err = _errors_beyond_training(data, ("log", "roofline"))
     assert err["log"] > 0.3, err  # capped near the slowest training row: too fast
     assert abs(err["roofline"]) < 0.2, err
 
@@ -168,15 +175,7 @@ def test_the_mean_target_carries_the_scale_of_a_whole_machine_slower_than_any_in
         return Dataset([Sample(i, b, hw, latency(i, b, speed), "f", "f", hardware=f"m{speed}")
                         for i in infos for b in ("onnxruntime", "openvino")])
 
-    train = Dataset([s for sp in (2.0, 3.0, 4.0) for s in data(sp)])
-    top = max(s.latency for s in train)
-    held = [s for s in data(0.25) if s.latency > top]
-    assert len(held) >= 3, len(held)
-    truth = np.log([s.latency for s in held])
-    err = {}
-    for target in ("log", "roofline-mean"):
-        m = XGBCostModel(n_members=1, n_estimators=200, seed=0, target=target).fit(train)
-        err[target] = float(np.median(truth - np.log(m.predict(held)[0])))
+    err = _errors_beyond_training(data, ("log", "roofline-mean"))
     assert XGBCostModel().params["target"] == "roofline-mean"  # the default
     assert err["log"] > 0.3, err
     assert abs(err["roofline-mean"]) < 0.2, err

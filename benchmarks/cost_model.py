@@ -219,7 +219,8 @@ def strip_probes(data: Dataset) -> Dataset:
     return Dataset([dataclasses.replace(s, hw=s.hw.with_probes(None)) for s in data])
 
 
-def hardware_out(data: Dataset, labels: dict[str, str], variants: list[str], params, families: tuple[str, ...]):
+def hardware_out(data: Dataset, labels: dict[str, str], variants: list[str], params, families: tuple[str, ...],
+                 only: tuple[str, ...] = ()):
     """Sections 4 and 5: {section: {fold label: {variant: metrics}}} for machine-out, CPU-kind-out and
     machine-and-family-out folds.
 
@@ -240,11 +241,14 @@ def hardware_out(data: Dataset, labels: dict[str, str], variants: list[str], par
     for fp in machines:
         kinds.setdefault(labels.get(fp, fp).rsplit(" t", 1)[0], set()).add(fp)
     for kind, fps in sorted(kinds.items()):
-        if len(kinds) > 1 and fps & probed:
+        # a kind with one machine is already its machine fold: the same training and test sets
+        if len(kinds) > 1 and fps & probed and len(fps) > 1:
             folds.append(("cpu", f"{kind}, every thread count", fps, None))
     for fp in sorted(probed & set(machines)):
         for fam in families:
             folds.append(("machine+family", f"{labels.get(fp, fp)} + {fam}", {fp}, fam))
+    if only:  # --hw-folds: keep the folds whose label names one of these (e.g. "Zen 3")
+        folds = [f for f in folds if any(o in f[1] for o in only)]
     out: dict[str, dict[str, dict[str, Any]]] = {"machine": {}, "cpu": {}, "machine+family": {}}
     stripped = strip_probes(data) if "xgb-static" in variants else None
     for section, label, fps, fam in folds:
@@ -300,6 +304,9 @@ def main() -> int:
     ap.add_argument("--variants", default=",".join(DEFAULT_VARIANTS), help="models compared in the hardware-out sections")
     ap.add_argument("--hw-families", default=",".join(HW_FAMILIES),
                     help="families held out with each machine in section 5")
+    ap.add_argument("--hw-folds", default="",
+                    help="run only the hardware-out folds whose label contains one of these, comma-separated "
+                         "(e.g. 'Zen 3' for every fold of that CPU kind; default: all)")
     ap.add_argument("--plot", type=Path, default=None, metavar="PNG")
     ap.add_argument("--json", type=Path, default=None, metavar="PATH")
     args = ap.parse_args()
@@ -403,7 +410,8 @@ def main() -> int:
             hw_data = hw_data + part
         labels = hardware_labels(paths)
         hw_fams = tuple(f.strip() for f in args.hw_families.split(",") if f.strip())
-        ho = hardware_out(hw_data, labels, variants, params, hw_fams)
+        only = tuple(f.strip() for f in args.hw_folds.split(",") if f.strip())
+        ho = hardware_out(hw_data, labels, variants, params, hw_fams, only)
         side_by_side("leave one machine out (trained on every other machine; scored on this one, known by its "
                      "probes)", ho["machine"], variants, ("fit_seconds",))
         side_by_side("leave one CPU kind out (every thread count of it; scored on its probed rows)", ho["cpu"],

@@ -237,12 +237,13 @@ def hardware_out(data: Dataset, labels: dict[str, str], variants: list[str], par
         if len(test) < 100:
             continue
         folds.append(("machine", f"{labels.get(fp, fp)}{'' if fp in probed else ' (no probes)'}", {fp}, None))
+    machine_folds = {next(iter(f[2])) for f in folds}
     kinds: dict[str, set[str]] = {}
     for fp in machines:
         kinds.setdefault(labels.get(fp, fp).rsplit(" t", 1)[0], set()).add(fp)
     for kind, fps in sorted(kinds.items()):
-        # a kind with one machine is already its machine fold: the same training and test sets
-        if len(kinds) > 1 and fps & probed and len(fps) > 1:
+        # a kind whose one machine has a machine fold is that fold already: the same training and test sets
+        if len(kinds) > 1 and fps & probed and not (len(fps) == 1 and fps <= machine_folds):
             folds.append(("cpu", f"{kind}, every thread count", fps, None))
     for fp in sorted(probed & set(machines)):
         for fam in families:

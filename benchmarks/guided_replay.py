@@ -164,6 +164,12 @@ def main() -> None:
                                  f"{runner.timing.name}")
             hw = HardwareDesc.from_info(info, runner.threads).with_probes(table)
         else:
+            machines = db.stats()["hardware"]
+            if runner.hardware not in machines:  # say so before timing probes for a machine with no rows
+                raise SystemExit(
+                    f"guided_replay: {args.db} has no rows of this machine ({runner.hardware}); replay one of "
+                    f"its machines with --hardware FP --threads N: "
+                    + ", ".join(f"{fp} ({n} rows)" for fp, n in machines.items()))
             hw = calibrated(runner, backends)  # the probes are in the database: nothing is timed
         for art in arts:
             model = load_model(art)

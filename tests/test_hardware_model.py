@@ -82,7 +82,12 @@ def _compute_bound_infos() -> list:
 
 
 def test_probes_rank_a_machine_the_model_never_saw():
-    """On a held-out machine where the slower-on-average backend wins, only the model with probes ranks it right."""
+    """On a held-out machine where the slower-on-average backend wins, only the model with probes ranks it right.
+
+    The held-out machine lies between two training machines on the same side of the crossover (speed 1.5). One
+    inside the gap between 1.0 and 3.0 has no answer a tree can know: XGBoost puts an unseen value in the bin of
+    the training value above it, so which neighbour it joins depends on the sign of the column a tree splits on
+    (with schema 3's relative columns, a machine at 1.2 joined the 3.0 side)."""
     infos = _compute_bound_infos()
 
     def data(speed: float, probes: bool) -> Dataset:
@@ -90,7 +95,7 @@ def test_probes_rank_a_machine_the_model_never_saw():
         return Dataset([Sample(i, b, hw, _synthetic_latency(i, b, speed), "f", "f", hardware=f"m{speed}")
                         for i in infos for b in ("onnxruntime", "openvino")])
 
-    train_speeds, held_out = (0.8, 1.0, 3.0, 4.0), 1.2  # at 1.2 "openvino" is faster (rate 4.5e7 > 3.6e7)
+    train_speeds, held_out = (0.8, 1.0, 3.0, 4.0), 0.9  # at 0.9 "openvino" is faster (rate 4.5e7 > 2.7e7)
     truth = data(held_out, True)
     onnx_faster = [truth[2 * k].latency < truth[2 * k + 1].latency for k in range(len(infos))]
     assert not any(onnx_faster)
@@ -153,6 +158,29 @@ def test_the_machine_estimate_is_one_scale_for_every_backend_of_a_candidate():
     assert math.isfinite(machine_log_estimates([(info, only_variant)])[0])
 
 
+def test_relative_columns_say_which_backend_the_machine_favours_whatever_its_speed():
+    """Each backend against the machine's mean: the same on a machine uniformly 3x slower (where the absolute
+    probe columns all move), opposite in sign for two backends, NaN without probes."""
+    info = subgraph_info(next(iter(enumerate_candidates(import_model("resnet50-tiny"), [get_backend("onnxruntime")], 1))).subgraph)
+    rel = [FEATURES.index(n) for n in roofline.RELATIVE_NAMES]
+    absolute = [FEATURES.index(n) for n in ("roof_log_est", "hw_log_rate_conv", f"probe:{PROBE_NAMES[0]}")]
+
+    def machine(scale: float) -> HardwareDesc:
+        return BASE.with_probes({"onnxruntime": fake_probes(overhead=1e-5 / scale, scale=scale),
+                                 "openvino": fake_probes(overhead=1e-5 / scale, scale=2.0 * scale,
+                                                         rates={"mem": BASE_RATES["mem"] / 2})})
+
+    fast, slow = machine(1.0), machine(1 / 3)
+    rows = flat_matrix([(info, b, hw) for hw in (fast, slow) for b in ("onnxruntime", "openvino")] + [(info, "torch", fast)])
+    np.testing.assert_allclose(rows[0, rel], rows[2, rel], atol=1e-5)  # onnxruntime, fast and slow machine
+    np.testing.assert_allclose(rows[0, rel], -rows[1, rel], atol=1e-5)  # two backends: opposite sides of the mean
+    assert np.all(np.abs(rows[0, absolute] - rows[2, absolute]) > 0.5)  # the absolute columns do move
+    i = FEATURES.index("rel_log_rate_conv")
+    assert rows[1, i] == pytest.approx(np.log(2.0) / 2, abs=1e-5)  # openvino's convolutions: twice as fast
+    assert rows[1, FEATURES.index("rel_log_rate_mem")] == pytest.approx(0.0, abs=1e-5)  # 2x, then halved
+    assert np.all(np.isnan(rows[4, rel]))  # torch was not calibrated
+
+
 def test_the_mean_target_carries_the_scale_of_a_whole_machine_slower_than_any_in_training():
     """Where a whole machine is slower (every backend's rates scale together, as between the Zen 4 and the Zen 5),
     ``roofline-mean`` carries the held-out machine's scale as ``roofline`` does; ``log`` cannot."""
@@ -186,7 +214,7 @@ def test_an_artifact_from_before_the_hardware_features_is_refused(tmp_path, caps
     import json
 
     from collage_ml import cli
-    from collage_ml.featurize.schema import SchemaError
+    from collage_ml.featurize.schema import SCHEMA_VERSION, SchemaError
     from collage_ml.models.base import load_model
 
     infos = [subgraph_info(c.subgraph) for c in enumerate_candidates(import_model("dcgan-tiny"), [get_backend("onnxruntime")], 1)]
@@ -196,14 +224,18 @@ def test_an_artifact_from_before_the_hardware_features_is_refused(tmp_path, caps
     meta["schema_version"] = 1
     meta["hw"] = {"cores": 2, "threads": 2, "gpu": False}  # the schema-1 descriptor
     (art / "meta.json").write_text(json.dumps(meta))
-    with pytest.raises(SchemaError, match="feature schema 1, but this collage-ml uses schema 2"):
+    with pytest.raises(SchemaError, match=f"feature schema 1, but this collage-ml uses schema {SCHEMA_VERSION}"):
+        load_model(art)
+    meta["schema_version"] = 2  # the probe columns without the relative ones (before 2026-12-03)
+    (art / "meta.json").write_text(json.dumps(meta))
+    with pytest.raises(SchemaError, match="feature schema 2"):
         load_model(art)
     from pathlib import Path
 
     db = Path(__file__).resolve().parents[1] / "datasets" / "cpu-2core-zen4-t1" / "measurements.db"
     assert cli.main(["eval", "--db", str(db), "--artifact", str(art)]) == 1
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "feature schema 1" in err[0] and "Traceback" not in err[0], err
+    assert len(err) == 1 and "feature schema 2" in err[0] and "Traceback" not in err[0], err
 
 
 @pytest.mark.parametrize("target", ["log", "roofline", "roofline-mean"])

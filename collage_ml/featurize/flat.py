@@ -66,6 +66,7 @@ HW_PROBE_FEATURES: tuple[str, ...] = (
     "hw_log_overhead", *(f"hw_log_rate_{c}" for c in roofline.CLASSES),
     "roof_log_est", "roof_log_compute", "roof_log_memory",
     *(f"probe:{n}" for n in roofline.PROBE_NAMES),
+    *roofline.RELATIVE_NAMES,
 )
 HW_FEATURES: tuple[str, ...] = (
     "hw_cores",
@@ -162,14 +163,29 @@ def flat_matrix(items: Sequence[tuple[SubgraphInfo, str, HardwareDesc]]) -> np.n
     out = np.zeros((len(items), N_FEATURES), dtype=np.float32)
     tail = _N_SUB + N_BACKENDS
     n_static = 3 + len(ISA_FLAGS)
+    machines: dict[int, list] = {}
     for i, (info, backend, hw) in enumerate(items):
         sub = subgraph_part(info)
         out[i, :_N_SUB] = sub
         out[i, _N_SUB + backend_slot(backend)] = 1.0
         out[i, tail : tail + n_static] = hw.static_vector()
         out[i, tail + n_static] = sub[N_OPS] - np.log(max(hw.threads, 1))
-        out[i, tail + n_static + 1 :] = roofline.features(info, hw.probes_of(backend))
+        own = hw.probes_of(backend)
+        machine = machines.get(id(hw))
+        if machine is None:
+            machine = machines[id(hw)] = machine_probes(hw)
+        out[i, tail + n_static + 1 :] = [
+            *roofline.features(info, own), *roofline.relative_features(info, own, machine),
+        ]
     return out
+
+
+def machine_probes(hw: HardwareDesc) -> list[tuple[float | None, ...] | None]:
+    """The probe rows of a machine's plain backends (the configured variants, ``name[...]``, left out where a
+    plain backend is probed): what a candidate's backend is compared with, and averaged over."""
+    names = [b for b, _ in hw.probes]
+    plain = [b for b in names if "[" not in b] or names
+    return [hw.probes_of(b) for b in plain]
 
 
 def machine_log_estimates(items: Sequence[tuple[SubgraphInfo, HardwareDesc]]) -> np.ndarray:
@@ -180,9 +196,7 @@ def machine_log_estimates(items: Sequence[tuple[SubgraphInfo, HardwareDesc]]) ->
     for i, (info, hw) in enumerate(items):
         probes = tables.get(id(hw))
         if probes is None:
-            names = [b for b, _ in hw.probes]
-            plain = [b for b in names if "[" not in b] or names
-            probes = tables[id(hw)] = [hw.probes_of(b) for b in plain]
+            probes = tables[id(hw)] = machine_probes(hw)
         if probes:
             out[i] = roofline.machine_log_estimate(info, probes)
     return out

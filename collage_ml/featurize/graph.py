@@ -32,7 +32,7 @@ from typing import Sequence
 import numpy as np
 
 from collage_ml.featurize import roofline
-from collage_ml.featurize.flat import HW_PROBE_FEATURES, SUBGRAPH_FEATURES, subgraph_part
+from collage_ml.featurize.flat import HW_PROBE_FEATURES, SUBGRAPH_FEATURES, machine_probes, subgraph_part
 from collage_ml.featurize.hardware import ISA_FLAGS, HardwareDesc
 from collage_ml.featurize.info import NODE_COLUMNS, SubgraphInfo
 from collage_ml.featurize.schema import N_OPS, backend_slot
@@ -80,7 +80,8 @@ def global_vector(info: SubgraphInfo) -> np.ndarray:
 def hw_vector(info: SubgraphInfo, backend: str, hw: HardwareDesc) -> list[float]:
     probes = hw.probes_of(backend)
     static = [math.log1p(hw.cores), math.log1p(hw.threads), float(hw.gpu), *(float(f in hw.isa) for f in ISA_FLAGS)]
-    return [*static, float(probes is not None), *roofline.features(info, probes)]
+    return [*static, float(probes is not None), *roofline.features(info, probes),
+            *roofline.relative_features(info, probes, machine_probes(hw))]
 
 
 def graph_data(info: SubgraphInfo, backend: str, hw: HardwareDesc, y: float | None = None):

@@ -169,6 +169,45 @@ def features(info: SubgraphInfo, probes: Sequence[float | None] | None) -> list[
     return [*r.vector(), math.log(est), math.log(max(comp, 1e-12)), math.log(max(mem, 1e-12)), *raw]
 
 
+#: names of :func:`relative_features`' columns, in order
+RELATIVE_NAMES: tuple[str, ...] = (
+    "rel_log_overhead", *(f"rel_log_rate_{c}" for c in CLASSES), "rel_roof_log_est",
+    *(f"rel_probe:{n}" for n in PROBE_NAMES),
+)
+
+
+def relative_features(
+    info: SubgraphInfo, probes: Sequence[float | None] | None,
+    machine: Sequence[Sequence[float | None]],
+) -> list[float]:
+    """The candidate's backend against the machine's other probed backends (``machine``: their probe rows,
+    this backend's among them): its log overhead, log rates, log roofline estimate and log probe latencies,
+    each minus the mean of the same quantity over ``machine``. NaN without probes.
+
+    Absolute probe columns say how fast a machine is; these say which backend it favours for this kind of
+    work, which is what flips between CPU kinds (without AVX-512 OpenVINO loses more than ONNX Runtime) and
+    what a backend decision needs. A difference of logs on one machine also carries across machines whose
+    absolute speed lies outside everything in training, where trees cannot extrapolate."""
+    if probes is None or len(probes) != len(PROBE_NAMES):
+        return [math.nan] * len(RELATIVE_NAMES)
+    own = rates(tuple(probes))
+    rows = [p for p in machine if p is not None and len(p) == len(PROBE_NAMES)]
+    out: list[float] = []
+    all_rates = [r for r in (rates(tuple(p)) for p in rows) if r is not None]
+    if own is not None and all_rates:
+        vec = np.array(own.vector())
+        mean = np.mean([r.vector() for r in all_rates], axis=0)
+        est = math.log(estimate(info, own)[0])
+        mean_est = float(np.mean([math.log(estimate(info, r)[0]) for r in all_rates]))
+        out += [*(vec - mean).tolist(), est - mean_est]
+    else:
+        out += [math.nan] * (len(CLASSES) + 2)
+    for j, p in enumerate(probes):
+        others = [math.log(r[j]) for r in rows if r[j]]
+        out.append(math.log(p) - float(np.mean(others)) if p and others else math.nan)
+    return out
+
+
 def machine_log_estimate(info: SubgraphInfo, probes_by_backend: Iterable[Sequence[float | None] | None]) -> float:
     """The mean over a machine's probed backends of log(:func:`estimate`) for one candidate: one scale for the
     machine, the same whichever backend runs the candidate (NaN when no backend's probes give rates).

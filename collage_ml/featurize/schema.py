@@ -9,14 +9,16 @@ History: 1, the first; 2 (2026-12-01), the hardware descriptor gained the ISA
 flags and the probe columns (:mod:`~collage_ml.featurize.roofline`), and the
 GNN's graph features (``log1p`` counts, edges both ways, the hardware vector)
 moved into :mod:`~collage_ml.featurize.graph`, so the featurizer the tests
-check is the one the model reads.
+check is the one the model reads; 3 (2026-12-03), the hardware columns gained
+each probe quantity relative to the machine's other probed backends
+(``roofline.relative_features``).
 """
 
 from __future__ import annotations
 
 from collage_ml.errors import CollageError
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 #: op types with their own histogram column / node one-hot slot; everything else counts as "other"
 OPS: tuple[str, ...] = tuple(

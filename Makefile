@@ -13,10 +13,8 @@ setup:
 demo: setup
 	$(PY) -m collage_ml.cli place $(MODEL) --mode guided --max-region-size 2 --report .cache/demo/report.json --out .cache/demo/placed
 
-# two workers (pytest-xdist), one per core of this project's 2-core machines; a test file stays on one
-# worker (--dist loadfile), so its module fixtures are built once
 test: setup
-	$(PY) -m pytest -q -p no:cacheprovider -n 2 --dist loadfile
+	$(PY) -m pytest -q -p no:cacheprovider
 
 clean:
 	rm -rf .venv .cache .pytest_cache

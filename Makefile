@@ -13,8 +13,11 @@ setup:
 demo: setup
 	$(PY) -m collage_ml.cli place $(MODEL) --mode guided --max-region-size 2 --report .cache/demo/report.json --out .cache/demo/placed
 
+# two workers (pytest-xdist), one per core of this project's 2-core machines; a test file stays on one worker
+# (--dist loadfile), so its module fixtures are built once. tests/conftest.py turns CPU-pressure reading off,
+# so one worker's load does not mark the other's measurements contended (measure/timing.py)
 test: setup
-	$(PY) -m pytest -q -p no:cacheprovider
+	$(PY) -m pytest -q -p no:cacheprovider -n 2 --dist loadfile
 
 clean:
 	rm -rf .venv .cache .pytest_cache

@@ -91,6 +91,24 @@ def test_contended_windows_are_retimed_and_marked(monkeypatch):
     assert not r.contended and r.pressure == 0.0 and r.retimed == 0
 
 
+def test_cpu_pressure_is_read_unless_switched_off(monkeypatch, tmp_path):
+    """PSI's "some" total is read from the file; COLLAGE_ML_CPU_PRESSURE=off makes it unknown, so known load
+    (the suite's other xdist worker) cannot mark a window contended, while steal still counts."""
+    psi = tmp_path / "cpu"
+    psi.write_text("some avg10=0.00 avg60=0.00 avg300=0.00 total=123456\nfull avg10=0.00 total=0\n")
+    monkeypatch.setattr(timing, "_PSI", str(psi))
+    monkeypatch.delenv(timing.PRESSURE_ENV, raising=False)
+    assert timing.cpu_stall_us() == 123456.0
+    monkeypatch.setenv(timing.PRESSURE_ENV, "off")
+    assert timing.cpu_stall_us() is None
+    # a window with unknown pressure but too much steal is still contended
+    steal = iter(range(0, 10**6))
+    monkeypatch.setattr(timing, "steal_seconds", lambda cpus=None: float(next(steal)))
+    clock = FakeClock(20e-6)
+    r = time_callable(clock.fn, TimingConfig(), clock=clock)
+    assert r.pressure is None and r.contended
+
+
 def test_processes_needed_agree_and_combine():
     cfg = TimingConfig()
     assert cfg.processes_for(20e-6) == cfg.processes == 3

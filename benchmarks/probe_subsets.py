@@ -40,16 +40,22 @@ from collage_ml.measure.hardware import hardware_info  # noqa: E402
 from collage_ml.models.base import create_model  # noqa: E402
 from collage_ml.models.dataset import Dataset  # noqa: E402
 from collage_ml.models.evaluate import evaluate  # noqa: E402
+from guided_vs_exhaustive import DATASETS  # noqa: E402  (every dataset the shipped models train on)
 
 PAIRS = (("onnxruntime", "torch"), ("onnxruntime", "openvino"), ("openvino", "torch"), ("inductor", "onnxruntime"))
 KEYS = ("pairwise_accuracy", "backend_choice_regret", "backend_pairwise_accuracy", "top1_regret", "mape", "within_10pct")
+
+
+def log_row(vals) -> np.ndarray:
+    """One backend's probe latencies as logs, NaN where a probe did not run."""
+    return np.log(np.array([np.nan if v is None else v for v in vals], dtype=float))
 
 
 def offsets(hws) -> dict[str, np.ndarray]:
     """Per backend: the mean over machines of log(probe) minus the machine's mean over its backends."""
     rows: dict[str, list[np.ndarray]] = {}
     for hw in hws:
-        table = {b: np.log(np.array([np.nan if v is None else v for v in vals], dtype=float)) for b, vals in hw.probes}
+        table = {b: log_row(vals) for b, vals in hw.probes}
         if len(table) < 2:
             continue
         mean = np.mean(list(table.values()), axis=0)
@@ -62,8 +68,7 @@ def with_only(hw: HardwareDesc, keep, off: dict[str, np.ndarray] | None) -> Hard
     table = dict(hw.probes)
     out = {b: dict(zip(PROBE_NAMES, table[b])) for b in keep if b in table}
     if off is not None:
-        est = np.nanmean([np.log(np.array([np.nan if v is None else v for v in table[b]], dtype=float)) - off[b]
-                          for b in keep if b in table], axis=0)
+        est = np.nanmean([log_row(table[b]) - off[b] for b in keep if b in table], axis=0)
         for b in off:
             if b not in out:
                 out[b] = dict(zip(PROBE_NAMES, (float(x) if np.isfinite(x) else None for x in np.exp(est + off[b]))))
@@ -77,8 +82,7 @@ def main() -> int:
     args = ap.parse_args()
     t0 = time.perf_counter()
     train, test = Dataset(), Dataset()
-    dbs = sorted(p for p in (ROOT / "datasets").glob("*/measurements.db") if "configs" not in p.parent.name)
-    for p in dbs:
+    for p in DATASETS:
         d = Dataset.from_db(p)
         if args.hold in p.parent.name:
             test = test + d

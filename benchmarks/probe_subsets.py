@@ -123,4 +123,9 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from collage_ml.errors import CollageError
+
+    try:
+        sys.exit(main())
+    except CollageError as e:  # a missing or corrupt database: one line
+        raise SystemExit(f"probe_subsets: {e}")

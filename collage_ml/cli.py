@@ -79,6 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
     ca.add_argument("--db", default=None, help="measurement database (default: the per-user one)")
     ca.add_argument("--threads", type=arg(positive_int), default=None, help="intra-op threads for every backend")
     ca.add_argument("--json", action="store_true", help="print JSON")
+    ca.add_argument("--no-progress", action="store_true", help="no progress bar")
 
     b = sub.add_parser("backends", help="list the backends with availability, version and device")
     b.add_argument("--json", action="store_true", help="print JSON")
@@ -133,7 +134,7 @@ def _cmd_backends(args) -> int:
 def _cmd_calibrate(args) -> int:
     from collage_ml import api
 
-    res = api.calibrate(args.backends, db=args.db, threads=args.threads, progress=not args.json,
+    res = api.calibrate(args.backends, db=args.db, threads=args.threads, progress=not (args.json or args.no_progress),
                         say=None if args.json else print)
     if args.json:
         print(json.dumps(res, indent=2))

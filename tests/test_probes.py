@@ -59,3 +59,19 @@ def test_calibrate_command_prints_json(tmp_path, two_probes, capsys, monkeypatch
     assert cli.main(["calibrate", "--backends", "onnxruntime", "--db", str(tmp_path / "m.db"), "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert set(out) == {"onnxruntime"} and set(out["onnxruntime"]) == set(two_probes)
+
+
+def test_calibrate_no_progress_turns_the_bar_off(monkeypatch, capsys):
+    from collage_ml import api, cli
+
+    seen = []
+
+    def fake_calibrate(backends, **kw):
+        seen.append(kw["progress"])
+        return {"onnxruntime": {"conv@b1": 1e-5}}
+
+    monkeypatch.setattr(api, "calibrate", fake_calibrate)
+    assert cli.main(["calibrate", "--no-progress"]) == 0
+    assert cli.main(["calibrate"]) == 0
+    assert seen == [False, True]
+    assert "10.0" in capsys.readouterr().out  # the table still prints, in microseconds

@@ -1,0 +1,149 @@
+"""How well can a cost model score against labels that do not repeat? The same candidates measured twice.
+
+    .venv/bin/python benchmarks/label_ceiling.py --db A.db --rerun B.db [--extra-train-db S.db] [--train-on-mean]
+        [--models xgb|none] [--json OUT]
+
+``B.db`` is a second collection of ``A.db``'s candidates on the same CPU kind,
+thread count and protocol (``collage-ml collect --sampler enumerate`` into a
+fresh database). Over the rows both hold, per held-out family and then the
+mean over families, with the metrics of ``collage_ml.models.evaluate``:
+
+1. **re-measured**: run B's latencies scored as predictions of run A's
+   labels, as a cost model is scored in ``benchmarks/cost_model.py``. This is
+   what measuring every candidate a second time scores. It is not a strict
+   ceiling: a model that predicted each candidate's expected latency would
+   carry run A's noise only, where run B carries both runs'. Runs hours
+   apart can also differ by one factor for the whole machine (the host's
+   load); **re-measured, rescaled** divides it out (run B times the median
+   of A / B), which the probe-relative targets are meant to do for a model.
+2. **the model against each label set**: leave one family out, XGBoost (or
+   ``--models``) trained on run A's rows of the other families (plus
+   ``--extra-train-db``), its predictions for the held-out family scored
+   against run A's labels, run B's, and their geometric mean (each
+   candidate's noise, if independent between runs, shrunk by sqrt 2). If the
+   metrics rise against the mean, label noise is holding them down.
+3. ``--train-on-mean``: the same, trained with the geometric mean as the
+   label wherever both runs hold a row.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from cost_model import log, side_by_side  # noqa: E402  (benchmarks/ is not a package)
+
+from collage_ml.errors import CollageError  # noqa: E402
+from collage_ml.models.base import create_model  # noqa: E402
+from collage_ml.models.dataset import Dataset  # noqa: E402
+from collage_ml.models.evaluate import average_metrics, evaluate_predictions  # noqa: E402
+from collage_ml.models.metrics import json_safe  # noqa: E402
+
+
+def row_key(s) -> tuple[str, str, str]:
+    return (s.hardware, s.info.hash, s.backend)
+
+
+def with_labels(data: Dataset, labels: dict[tuple[str, str, str], float]) -> Dataset:
+    """``data`` with each sample's latency replaced where ``labels`` has its key."""
+    return Dataset([dataclasses.replace(s, latency=labels[row_key(s)]) if row_key(s) in labels else s for s in data])
+
+
+def load(path: Path) -> Dataset:
+    try:
+        return Dataset.from_db(path).filter(lambda s: s.source != "probe")
+    except CollageError as e:
+        raise SystemExit(f"label_ceiling: {path}: {e}") from None
+
+
+def agreement(a: np.ndarray, b: np.ndarray) -> dict[str, float]:
+    r = np.abs(np.log(b / a))
+    return {"n": int(len(a)), "within_10pct": float((r <= math.log(1.1)).mean()), "median_abs_log_ratio": float(np.median(r)),
+            "median_ratio_b_over_a": float(np.exp(np.median(np.log(b / a))))}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--db", type=Path, required=True, help="run A: the dataset the model trains on")
+    ap.add_argument("--rerun", type=Path, required=True, help="run B: the same candidates measured again")
+    ap.add_argument("--extra-train-db", type=Path, action="append", default=[], metavar="PATH",
+                    help="rows that join every training set (less the held-out family), never scored")
+    ap.add_argument("--models", default="xgb", help="model kinds, comma-separated (default: xgb); 'none': the "
+                                                    "re-measured rows only")
+    ap.add_argument("--families", default=None, help="hold out only these families (default: every one both runs hold)")
+    ap.add_argument("--train-on-mean", action="store_true", help="also train on the two runs' geometric mean")
+    ap.add_argument("--json", type=Path, default=None, metavar="PATH")
+    args = ap.parse_args()
+    t0 = time.perf_counter()
+
+    a, b = load(args.db), load(args.rerun)
+    b_lat = {row_key(s): s.latency for s in b}
+    both = a.filter(lambda s: row_key(s) in b_lat)
+    if not len(both):
+        raise SystemExit(f"label_ceiling: {args.rerun} holds none of {args.db}'s rows (another machine, thread count "
+                         "or protocol?)")
+    mean_lat = {row_key(s): math.sqrt(s.latency * b_lat[row_key(s)]) for s in both}
+    fams = [f.strip() for f in args.families.split(",")] if args.families else sorted(set(both.sources()))
+    extra = Dataset()
+    for p in args.extra_train_db:
+        extra = extra + load(p)
+    agree = agreement(both.latencies(), np.array([b_lat[row_key(s)] for s in both]))
+    log(f"{len(both)} rows in both runs ({len(a)} in A, {len(b)} in B); within +-10%: {agree['within_10pct']:.1%}, "
+        f"B/A at the median {agree['median_ratio_b_over_a']:.3f}; families {', '.join(fams)}")
+
+    kinds = [k.strip() for k in args.models.split(",") if k.strip() and k.strip() != "none"]
+    scale = 1.0 / agree["median_ratio_b_over_a"]
+    arms = ["re-measured (B as predictions of A)", "re-measured, rescaled (B x median A/B)"]
+    for k in kinds:
+        arms += [f"{k} vs A", f"{k} vs B", f"{k} vs mean(A,B)"]
+        if args.train_on_mean:
+            arms += [f"{k} trained on mean(A,B), vs mean(A,B)"]
+    per: dict[str, dict[str, dict[str, Any]]] = {arm: {} for arm in arms}
+    for i, fam in enumerate(fams):
+        test = both.filter(lambda s, fam=fam: s.source == fam)
+        if not len(test):
+            continue
+        b_pred = np.array([b_lat[row_key(s)] for s in test])
+        per[arms[0]][fam] = evaluate_predictions(test, b_pred)
+        per[arms[1]][fam] = evaluate_predictions(test, b_pred * scale)
+        train = a.filter(lambda s, fam=fam: s.source != fam) + extra.filter(lambda s, fam=fam: s.source != fam)
+        for k in kinds:
+            trainings = [("", train)] + ([("mean", with_labels(train, mean_lat))] if args.train_on_mean else [])
+            for how, rows in trainings:
+                log(f"[{i + 1}/{len(fams)}] {fam}: {k}{' on mean labels' if how else ''}, {len(rows)} training rows, "
+                    f"{len(test)} scored")
+                model = create_model(k)
+                model.fit(rows)
+                pred = np.asarray(model.predict(test.samples)[0], dtype=np.float64)
+                if how:
+                    per[f"{k} trained on mean(A,B), vs mean(A,B)"][fam] = evaluate_predictions(with_labels(test, mean_lat), pred)
+                    continue
+                per[f"{k} vs A"][fam] = evaluate_predictions(test, pred)
+                per[f"{k} vs B"][fam] = evaluate_predictions(with_labels(test, b_lat), pred)
+                per[f"{k} vs mean(A,B)"][fam] = evaluate_predictions(with_labels(test, mean_lat), pred)
+
+    means = {arm: average_metrics(per[arm]) for arm in arms}
+    side_by_side(f"mean over {len(fams)} held-out families, rows in both runs", {arm: {"": means[arm]} for arm in arms}, [""])
+    side_by_side("re-measured, per family (raw / rescaled)", {f: {"raw": per[arms[0]].get(f, {}), "rescaled": per[arms[1]].get(f, {})}
+                                                        for f in fams}, ["raw", "rescaled"])
+    if args.json:
+        out = {"command": " ".join(sys.argv), "db": str(args.db), "rerun": str(args.rerun),
+               "extra_train_dbs": [str(p) for p in args.extra_train_db], "agreement": agree, "families": fams,
+               "mean": means, "per_family": per, "seconds": time.perf_counter() - t0}
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(json_safe(out), indent=1))
+        log(f"wrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -77,6 +77,8 @@ def run(args: argparse.Namespace) -> int:
     elif args.no_progress:
         print(
             f"{summary.stopped}: {summary.measured} measured ({summary.valid} valid, {summary.invalid} invalid), "
-            f"{summary.cache_hits} cache hits, {summary.remaining} left; db {summary.db}"
+            f"{summary.cache_hits} cache hits, {summary.remaining} left"
+            + (f" and {summary.unplanned_sources} sources not planned" if summary.unplanned_sources else "")
+            + f"; db {summary.db}"
         )
     return 130 if summary.stopped == "interrupted" else 0

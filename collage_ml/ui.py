@@ -98,6 +98,12 @@ class Bar:
             self._redraw()
         return self
 
+    def set_total(self, total: int | None) -> None:
+        """Changes the counted task's total (e.g. as more of the work becomes known)."""
+        if self._p is not None and self._task is not None:
+            self._p.update(self._task, total=total)
+            self._redraw()
+
     def step(self, backend: str | None = None, valid: bool = True, advance: int = 1) -> None:
         """One item done (``advance`` of them); an invalid one is counted against ``backend``."""
         if not valid and backend is not None:

@@ -280,8 +280,8 @@ def test_max_candidates_and_budget_are_respected(tmp_path, monkeypatch):
     path = tmp_path / "budget.db"
     total = plan(**PLAN_KW).planned
 
-    s = collect(**KW, db=path, budget_minutes=0)
-    assert s.measured == 0 and s.stopped == "budget" and s.remaining == total
+    s = collect(**KW, db=path, budget_minutes=0)  # spent before the one source is planned
+    assert s.measured == 0 and s.stopped == "budget" and s.remaining == 0 and s.unplanned_sources == 1
 
     s = collect(**KW, db=path, max_candidates=3)
     assert s.measured == 3 and s.stopped == "max_candidates" and s.remaining == total - 3
@@ -298,6 +298,35 @@ def test_max_candidates_and_budget_are_respected(tmp_path, monkeypatch):
 
     s = collect(**KW, db=path, max_candidates=0)
     assert s.measured == 0 and s.stopped == "max_candidates"
+
+
+def test_sources_are_planned_as_the_run_reaches_them_so_a_budget_covers_planning(tmp_path, monkeypatch):
+    from collage_ml.collector import planning as planning_mod
+
+    now = [1000.0]
+    imported: list[tuple[str, int]] = []
+
+    def slow_import(model, batch, real=planning_mod._import):  # importing a source takes 10 minutes
+        imported.append((model, batch))
+        now[0] += 600
+        return real(model, batch)
+
+    monkeypatch.setattr(collect_mod, "_clock", lambda: now[0])
+    monkeypatch.setattr(planning_mod, "_import", slow_import)
+    monkeypatch.setattr(collect_mod, "_import", slow_import)
+    kw = {**KW, "models": "dcgan-tiny,nasrnn-tiny"}
+    s = collect(**kw, db=tmp_path / "a.db", budget_minutes=15)
+    # planning everything first would have spent the budget on imports; instead the first source was
+    # planned (once) and measured, and the budget ran out while the second was planned
+    assert imported == [("dcgan-tiny", 1), ("nasrnn-tiny", 1)]
+    assert s.stopped == "budget" and s.measured > 0 and s.unplanned_sources == 0
+    assert set(s.by_family) == {"dcgan"} and s.remaining == s.planned - s.measured - s.cache_hits > 0
+
+    imported.clear()
+    s = collect(**kw, db=tmp_path / "b.db", budget_minutes=5)  # spent by planning the first source
+    assert imported == [("dcgan-tiny", 1)] and s.measured == 0 and s.unplanned_sources == 1
+    assert s.stopped == "budget" and s.remaining == s.planned > 0
+    assert s.planned < plan(**{**PLAN_KW, "models": kw["models"]}).planned
 
 
 def test_an_interleaving_protocol_measures_the_same_plan_and_keeps_the_cap(full, tmp_path):

@@ -1,6 +1,9 @@
 """``collage-ml collect``: gather measurements for training cost models.
 
-A collection has two steps:
+A collection has two steps per source (a zoo model at a batch size, or an ONNX
+file): it is planned when the run reaches it, then measured, so a budget covers
+planning too and a long random collection starts measuring at once. (The
+``focus`` sampler and ``dry_run`` plan every source first.)
 
 1. **Plan.** For each source graph (a zoo model at a batch size, or an ONNX
    file), list candidates with the chosen sampler, drop duplicate keys (the
@@ -9,9 +12,9 @@ A collection has two steps:
    holds for this hardware fingerprint, valid or invalid. Planning imports
    each graph but keeps only node bitsets, so memory stays small.
 2. **Measure.** One :class:`~collage_ml.measure.runner.Runner` (one persistent
-   worker process) serves the whole run. For each source, the graph is
-   imported again, its reference activations are computed once, and its
-   candidates are measured one backend per phase. The Runner commits every
+   worker process) serves the whole run. For each source, the graph (kept
+   from planning, or imported again after a full plan) gives its reference
+   activations once, and its candidates are measured one backend per phase. The Runner commits every
    measurement as it arrives, so a ``kill -9`` loses at most the candidate in
    flight, and a restart plans again and skips what is stored.
 

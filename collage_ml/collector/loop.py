@@ -6,9 +6,9 @@ import os
 import time
 from collections import deque
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
-from collage_ml.collector.planning import DEFAULT_MAX_REFERENCE_BYTES, CollectPlan, plan
+from collage_ml.collector.planning import DEFAULT_MAX_REFERENCE_BYTES, CollectPlan, _Work, plan, plan_lazily
 from collage_ml.collector.ray_fleet import RAY_TASK_RETRIES, _collect_ray
 from collage_ml.collector.samplers import DEFAULT_SAMPLES_PER_GRAPH, FOCUS_NEEDS_MODEL, _check_sampler, _load_cost_model
 from collage_ml.collector.sharding import DEFAULT_INDUCTOR_FRACTION, _key_tuple, parse_shard
@@ -148,35 +148,35 @@ def collect(
             known |= {tuple(k) for k in _skip.get(hw, ())}
         # the progress bar (stderr): ETA, candidates per minute and invalid count by backend
         with Bar(progress, stderr=True, rate=True) as prog:
-            p = plan(
-                models, backends, sampler=sampler, shard=shard_t, seed=seed, threads=threads,
-                max_region_size=max_region_size, batch_sizes=batch_sizes, inductor_fraction=inductor_fraction,
-                samples_per_graph=samples_per_graph, known=known, cost_model=cost_model,
-                max_candidates=max_candidates, max_reference_bytes=max_reference_bytes, on_source=prog.planning,
+            kw = dict(
+                sampler=sampler, shard=shard_t, seed=seed, threads=threads, max_region_size=max_region_size,
+                batch_sizes=batch_sizes, inductor_fraction=inductor_fraction, samples_per_graph=samples_per_graph,
+                known=known, cost_model=cost_model, max_reference_bytes=max_reference_bytes,
             )
-            prog.planned()
+            lazy = not dry_run and sampler != "focus"
+            if lazy:  # each source is measured as soon as it is planned: the budget covers planning too
+                p, works = plan_lazily(models, backends, **kw, keep_graphs=True)
+            else:  # the focus sampler draws over every source's weights; a dry run only counts
+                p = plan(models, backends, **kw, max_candidates=max_candidates, on_source=prog.planning)
+                prog.planned()
             summary = CollectSummary(
                 db=str(db_path), hardware=hw, sampler=sampler, models=p.models,
                 backends=[b.name for b in p.backends], batch_sizes=p.batch_sizes,
                 shard=f"{shard_t[0]}/{shard_t[1]}" if shard_t else None, seed=seed, threads=threads,
-                max_region_size=max_region_size, inductor_fraction=inductor_fraction, skipped=list(p.skipped),
+                max_region_size=max_region_size, inductor_fraction=inductor_fraction,
             )
-            for name, c in p.counts.items():
-                b = summary.by_backend.setdefault(name, _new_backend_counts())
-                for k in ("candidates", "cache_hits", "subsampled", "planned"):
-                    b[k] = c[k]
-            summary.candidates = sum(c["candidates"] for c in p.counts.values())
-            summary.cache_hits = sum(c["cache_hits"] for c in p.counts.values())
-            summary.subsampled = sum(c["subsampled"] for c in p.counts.values())
-            summary.planned = p.planned
             if dry_run:
+                _add_plan_counts(summary, p)
                 summary.stopped = "dry-run"
                 summary.remaining = p.planned
             else:
-                total = p.planned if max_candidates is None else min(p.planned, int(max_candidates))
+                total = None if lazy else p.planned if max_candidates is None else min(p.planned, int(max_candidates))
                 prog.task("measuring", total)
-                _measure(p, database, summary, prog, t_start, budget_minutes, max_candidates, threads, timing,
-                         timeout, on_measurement, feedback)
+                try:
+                    _measure(p, works if lazy else p.works, database, summary, prog, t_start, budget_minutes,
+                             max_candidates, threads, timing, timeout, on_measurement, feedback)
+                finally:
+                    _add_plan_counts(summary, p)
         summary.elapsed_s = _clock() - t_start
         if progress:
             print_summary(summary)
@@ -186,12 +186,29 @@ def collect(
             database.close()
 
 
+def _add_plan_counts(summary: CollectSummary, p: CollectPlan) -> None:
+    """Adds what planning counted (candidates, cache hits, subsampled, planned) to the summary, and the
+    sources a stopped run never planned."""
+    for name, c in p.counts.items():
+        b = summary.by_backend.setdefault(name, _new_backend_counts())
+        for k in ("candidates", "cache_hits", "subsampled", "planned"):
+            b[k] += c[k]
+    summary.candidates += sum(c["candidates"] for c in p.counts.values())
+    summary.cache_hits += sum(c["cache_hits"] for c in p.counts.values())
+    summary.subsampled += sum(c["subsampled"] for c in p.counts.values())
+    summary.planned = p.planned
+    summary.skipped[:0] = p.skipped
+    summary.unplanned_sources = p.sources - p.sources_planned
+
+
 def _measure(
-    p: CollectPlan, db, summary: CollectSummary, prog: Bar, t_start: float, budget_minutes, max_candidates,
-    threads: int, timing, timeout: float, on_measurement, feedback=None,
+    p: CollectPlan, works: list[_Work] | Iterator[_Work], db, summary: CollectSummary, prog: Bar, t_start: float, budget_minutes,
+    max_candidates, threads: int, timing, timeout: float, on_measurement, feedback=None,
 ) -> None:
-    """Measures the plan's items through the tuner's measure step, which commits each measurement and
-    hands it to ``feedback`` (the focus sampler's cost model; flushed once per source)."""
+    """Measures the works through the tuner's measure step, which commits each measurement and hands it to
+    ``feedback`` (the focus sampler's cost model; flushed once per source). ``works`` is a list (planned up
+    front) or :func:`plan_lazily`'s iterator, which plans the next source when asked; the bar's total is then
+    the candidates planned so far, extrapolated over the sources left."""
     from collage_ml.candidates import Candidate
     from collage_ml.cost import CandidateKey
     from collage_ml.ir.graph import SubGraph
@@ -213,13 +230,27 @@ def _measure(
     runner = Runner(db=db, threads=threads, timeout=timeout, timing=timing or TimingConfig())
     tuner = Tuner(runner, feedback=feedback)
     try:
-        for work in p.works:
+        queue = deque(works) if isinstance(works, list) else None
+
+        def more() -> bool:  # a source is left: planned and queued, or (planned lazily) not planned yet
+            return bool(queue) if queue is not None else p.sources_planned < p.sources
+
+        while more():
             if (why := stop_reason()) is not None:
                 summary.stopped = why
                 break
+            if queue is None:  # plans the next source now
+                prog.phase(f"planning source {p.sources_planned + 1}/{p.sources}")
+                work = next(works, None)
+                if work is None:
+                    break
+                total = p.planned + round(p.planned / p.sources_planned * (p.sources - p.sources_planned))
+                prog.set_total(total if max_candidates is None else min(total, int(max_candidates)))
+            else:
+                work = queue.popleft()
             prog.phase(f"{work.label}: reference")
             try:
-                graph = _import(work.model, work.batch)
+                graph, work.graph = work.graph or _import(work.model, work.batch), None
                 reference = graph.reference()
             except Exception as e:  # an overnight run goes on with the next model
                 summary.skipped.append(f"{work.label}: {describe(e, 10**6)}")

@@ -20,7 +20,9 @@ class CollectSummary:
     ``inductor_fraction``), ``cache_hits``, ``planned`` (to measure), ``measured``, ``valid`` and
     ``invalid``; ``by_family[family]`` has ``measured``, ``valid`` and ``invalid``. ``stopped`` is
     ``complete``, ``budget``, ``max_candidates``, ``interrupted`` or ``dry-run``. ``remaining`` is
-    what was planned but not measured. ``rate_per_min`` is measurements per minute of the measuring
+    what was planned but not measured. Sources are planned one at a time as the run reaches them (except
+    for the focus sampler and dry runs), so a run that stops early has ``unplanned_sources`` (model and
+    batch pairs) whose candidates no count includes yet. ``rate_per_min`` is measurements per minute of the measuring
     phase; ``elapsed_s`` includes planning.
     """
 
@@ -43,6 +45,7 @@ class CollectSummary:
     valid: int = 0
     invalid: int = 0
     remaining: int = 0
+    unplanned_sources: int = 0
     by_backend: dict[str, dict[str, int]] = field(default_factory=dict)
     by_family: dict[str, dict[str, int]] = field(default_factory=dict)
     model_updates: int = 0  # focus sampler: cost-model updates from this run's measurements
@@ -92,7 +95,8 @@ class CollectSummary:
         if not parts:
             return CollectSummary(**override)
         out = CollectSummary(**{**asdict(parts[0]), "by_backend": {}, "by_family": {}, "skipped": []})
-        for k in ("candidates", "planned", "measured", "cache_hits", "subsampled", "valid", "invalid", "remaining"):
+        for k in ("candidates", "planned", "measured", "cache_hits", "subsampled", "valid", "invalid", "remaining",
+                  "unplanned_sources"):
             setattr(out, k, sum(getattr(p, k) for p in parts))
         for p in parts:
             for b, c in p.by_backend.items():
@@ -134,6 +138,8 @@ def summary_table(s: CollectSummary):
     caption = (
         f"{s.measured} measured in {_fmt_time(s.measure_s)} ({s.rate_per_min:.1f}/min), {s.remaining} left"
     )
+    if s.unplanned_sources:
+        caption += f" and {s.unplanned_sources} source{'s' * (s.unplanned_sources != 1)} not planned yet"
     if s.inductor_fraction < 1 and any(_subsampled_backend(b) for b in s.by_backend):
         caption += f"; inductor subsampled to {s.inductor_fraction:g}"
     caption += f"\nhardware {s.hardware}\ndb {s.db}"

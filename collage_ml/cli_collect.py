@@ -31,7 +31,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--db", default=None, metavar="PATH",
                    help="database (default: $COLLAGE_ML_CACHE/measurements.db or ~/.cache/collage-ml/measurements.db)")
     p.add_argument("--budget-minutes", type=arg(nonneg_float), default=None, metavar="N",
-                   help="stop after N minutes (checked between candidates)")
+                   help="stop after N minutes of planning and measuring (checked between candidates)")
     p.add_argument("--max-candidates", type=arg(nonneg_int), default=None, metavar="N",
                    help="measure at most N new candidates")
     p.add_argument("--sampler", choices=SAMPLERS, default="enumerate",

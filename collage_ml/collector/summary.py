@@ -23,7 +23,8 @@ class CollectSummary:
     what was planned but not measured. Sources are planned one at a time as the run reaches them (except
     for the focus sampler and dry runs), so a run that stops early has ``unplanned_sources`` (model and
     batch pairs) whose candidates no count includes yet. ``rate_per_min`` is measurements per minute of the measuring
-    phase; ``elapsed_s`` includes planning.
+    phase (``measure_s``: with sources planned as the run reaches them, their planning too);
+    ``elapsed_s`` is the whole run.
     """
 
     db: str = ""

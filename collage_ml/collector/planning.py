@@ -74,17 +74,29 @@ def plan(
     backends: Any = None,
     *,
     sampler: str = "enumerate",
+    shard: Any = None,
     seed: int = 0,
+    threads: int | None = None,
+    max_region_size: int = MAX_REGION_SIZE,
+    batch_sizes: Any = None,
+    inductor_fraction: float = DEFAULT_INDUCTOR_FRACTION,
+    samples_per_graph: int = DEFAULT_SAMPLES_PER_GRAPH,
+    known: set[tuple[str, str, str]] | None = None,
+    cost_model: Any = None,
     max_candidates: int | None = None,
-    **kw: Any,
+    max_reference_bytes: int = DEFAULT_MAX_REFERENCE_BYTES,
+    on_source: Callable[[str], None] | None = None,
 ) -> CollectPlan:
     """Lists what :func:`collect` would measure; nothing is run. ``known`` keys are cache hits.
 
-    Every source is planned (:func:`plan_lazily`, whose keyword arguments it takes); the focus
-    sampler then draws ``max_candidates`` (default a share) over all of them. Arguments mean what
-    they mean for :func:`collect`.
+    Arguments mean what they mean for :func:`collect`.
     """
-    p, works = plan_lazily(models, backends, sampler=sampler, seed=seed, **kw)
+    p, works = plan_lazily(
+        models, backends, sampler=sampler, shard=shard, seed=seed, threads=threads,
+        max_region_size=max_region_size, batch_sizes=batch_sizes, inductor_fraction=inductor_fraction,
+        samples_per_graph=samples_per_graph, known=known, cost_model=cost_model,
+        max_reference_bytes=max_reference_bytes, on_source=on_source,
+    )
     p.works = list(works)
     if sampler == "focus":
         p.works = _focus_select(p.works, seed, max_candidates)

@@ -37,7 +37,9 @@ def test_one_default_per_shared_parameter():
                 seen.setdefault(p.name, set()).add(p.default)
     assert seen == {k: {v} for k, v in SHARED.items()}
     assert defaults.MAX_REGION_SIZE == 3
-    for fn in (tuner.place, collector.collect, collector.plan):
+    from collage_ml.collector.planning import plan_lazily
+
+    for fn in (tuner.place, collector.collect, collector.plan, plan_lazily):
         assert inspect.signature(fn).parameters["max_region_size"].default == defaults.MAX_REGION_SIZE
     assert inspect.signature(api.place).parameters["cost_model"].default == defaults.COST_MODEL
     assert inspect.signature(api.evaluate).parameters["artifact"].default == defaults.COST_MODEL

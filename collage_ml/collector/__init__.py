@@ -14,9 +14,10 @@ planning too and a long random collection starts measuring at once. (The
 2. **Measure.** One :class:`~collage_ml.measure.runner.Runner` (one persistent
    worker process) serves the whole run. For each source, the graph (kept
    from planning, or imported again after a full plan) gives its reference
-   activations once, and its candidates are measured one backend per phase. The Runner commits every
-   measurement as it arrives, so a ``kill -9`` loses at most the candidate in
-   flight, and a restart plans again and skips what is stored.
+   activations once, and its candidates are measured one backend per phase.
+   The Runner commits every measurement as it arrives, so a ``kill -9`` loses
+   at most the candidate in flight, and a restart plans again and skips what
+   is stored.
 
 Samplers:
 

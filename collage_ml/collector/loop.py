@@ -202,8 +202,8 @@ def _add_plan_counts(summary: CollectSummary, p: CollectPlan) -> None:
 
 
 def _measure(
-    p: CollectPlan, works: list[_Work] | Iterator[_Work], db, summary: CollectSummary, prog: Bar, t_start: float, budget_minutes,
-    max_candidates, threads: int, timing, timeout: float, on_measurement, feedback=None,
+    p: CollectPlan, works: list[_Work] | Iterator[_Work], db, summary: CollectSummary, prog: Bar, t_start: float,
+    budget_minutes, max_candidates, threads: int, timing, timeout: float, on_measurement, feedback=None,
 ) -> None:
     """Measures the works through the tuner's measure step, which commits each measurement and hands it to
     ``feedback`` (the focus sampler's cost model; flushed once per source). ``works`` is a list (planned up
@@ -250,7 +250,8 @@ def _measure(
                 work = queue.popleft()
             prog.phase(f"{work.label}: reference")
             try:
-                graph, work.graph = work.graph or _import(work.model, work.batch), None
+                graph = work.graph if work.graph is not None else _import(work.model, work.batch)
+                work.graph = None  # the work holds no graph once it is measured
                 reference = graph.reference()
             except Exception as e:  # an overnight run goes on with the next model
                 summary.skipped.append(f"{work.label}: {describe(e, 10**6)}")

@@ -20,11 +20,11 @@ class CollectSummary:
     ``inductor_fraction``), ``cache_hits``, ``planned`` (to measure), ``measured``, ``valid`` and
     ``invalid``; ``by_family[family]`` has ``measured``, ``valid`` and ``invalid``. ``stopped`` is
     ``complete``, ``budget``, ``max_candidates``, ``interrupted`` or ``dry-run``. ``remaining`` is
-    what was planned but not measured. Sources are planned one at a time as the run reaches them (except
-    for the focus sampler and dry runs), so a run that stops early has ``unplanned_sources`` (model and
-    batch pairs) whose candidates no count includes yet. ``rate_per_min`` is measurements per minute of the measuring
-    phase (``measure_s``: with sources planned as the run reaches them, their planning too);
-    ``elapsed_s`` is the whole run.
+    what was planned but not measured. Sources are planned one at a time as the run reaches them
+    (except for the focus sampler and dry runs), so a run that stops early has ``unplanned_sources``
+    (model and batch pairs) whose candidates no count includes yet. ``rate_per_min`` is measurements
+    per minute of the measuring phase (``measure_s``: with sources planned as the run reaches them,
+    their planning too); ``elapsed_s`` is the whole run.
     """
 
     db: str = ""

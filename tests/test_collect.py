@@ -26,7 +26,7 @@ from collage_ml.collector import loop as collect_mod
 from collage_ml.collector import (
     FOCUS_NEEDS_MODEL, collect, default_db_path, focus_weights, in_shard, parse_shard, plan, shard_of, subsample_keep,
 )
-from collage_ml.collector.sampling import convex_hull, sample_masks, sample_subgraphs
+from collage_ml.collector.sampling import convex_hull, sample_masks, sample_sources, sample_subgraphs
 from collage_ml.db import Database
 from collage_ml.errors import CollageError, UnknownModelError
 from collage_ml.ir import import_model
@@ -254,6 +254,20 @@ def test_random_plan_is_deterministic_covers_other_batch_sizes_and_is_convex():
         for mask, _, pattern, _ in w.items:
             assert g.is_convex(mask) and g.is_connected(mask) and bin(mask).count("1") <= 3
             assert pattern == f"random:{w.label}"
+
+
+def test_sources_interleave_models_and_batch_sizes_so_a_short_budget_samples_every_model():
+    is_zoo = lambda m: not m.endswith(".onnx")  # noqa: E731
+    src = sample_sources(["a", "b", "c", "x.onnx"], [16, 1, 4, 2, 8, 2], is_zoo=is_zoo)
+    # every zoo model at every batch size once, the ONNX file (fixed shapes) at batch 1 only
+    assert sorted(src) == sorted([(m, b) for m in "abc" for b in (1, 2, 4, 8, 16)] + [("x.onnx", 1)])
+    assert len(set(src)) == len(src)
+    # the first round visits every model once, each at another batch size; so do the later rounds
+    assert src[:4] == [("a", 1), ("b", 2), ("c", 4), ("x.onnx", 1)]
+    assert src[4:7] == [("a", 2), ("b", 4), ("c", 8)]
+    assert sample_sources(["a", "b"], [1], is_zoo=is_zoo) == [("a", 1), ("b", 1)]
+    with pytest.raises(ValueError, match="positive"):
+        sample_sources(["a"], [0, 1], is_zoo=is_zoo)
 
 
 def test_random_collect_records_family_random_at_other_batch_sizes(tmp_path):

@@ -148,9 +148,14 @@ def sample_subgraphs(
 def sample_sources(
     models: Sequence[str], batch_sizes: Iterable[int] = DEFAULT_RANDOM_BATCH_SIZES, is_zoo: Callable[[str], bool] | None = None
 ) -> list[tuple[str, int]]:
-    """The (model, batch) pairs to sample from, in a fixed order: every zoo model at every batch size.
+    """The (model, batch) pairs to sample from: every zoo model at every batch size, in a fixed order.
 
     Models that are not zoo names (ONNX files) have fixed shapes and appear at batch 1 only.
+
+    The order is interleaved, in rounds: each round visits every model once, the i-th model at the
+    ``(i + round)``-th batch size (cyclically), and the rounds together hold every pair once. ``collect``
+    plans and measures the sources in this order, so a budget that ends the run early has sampled every
+    model, at a spread of batch sizes, rather than the first models at every batch size.
     """
     if is_zoo is None:
         from collage_ml.ir import zoo
@@ -165,8 +170,10 @@ def sample_sources(
     sizes = sorted({int(b) for b in batch_sizes})
     if not sizes or sizes[0] < 1:
         raise ValueError(f"batch sizes must be positive integers, got {list(batch_sizes)}")
+    per_model = [(m, sizes if is_zoo(m) else [1]) for m in models]
     out = []
-    for m in models:
-        for b in sizes if is_zoo(m) else [1]:
-            out.append((m, b))
+    for r in range(len(sizes)):
+        for i, (m, bs) in enumerate(per_model):
+            if r < len(bs):
+                out.append((m, bs[(i + r) % len(bs)]))
     return out

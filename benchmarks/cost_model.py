@@ -90,7 +90,8 @@ VARIANTS = ("xgb", "xgb-log", "xgb-roof", "xgb-mean", "xgb-static", "gnn")
 DEFAULT_VARIANTS = ("xgb", "xgb-roof", "xgb-log", "xgb-static", "gnn")  # xgb-mean is xgb under today's defaults
 HW_FAMILIES = ("bert", "mobilenetv2", "nasnet", "resnet50")
 #: display names of the CPU kinds seen so far (vendor-family-model-stepping from /proc/cpuinfo)
-CPU_KINDS = {"AuthenticAMD-25-1": "Zen 3", "AuthenticAMD-25-17": "Zen 4", "AuthenticAMD-26-2": "Zen 5"}
+CPU_KINDS = {"AuthenticAMD-25-1": "Zen 3", "AuthenticAMD-25-17": "Zen 4", "AuthenticAMD-26-2": "Zen 5",
+             "GenuineIntel-6-167": "Xeon AMX"}
 DEFAULT_TARGET = ROOT / "datasets" / "cpu-2core-zen4-t1" / "measurements.db"
 QUICK_FAMILIES = ("dcgan", "mobilenetv2", "nasrnn")
 QUICK_PARAMS: dict[str, dict[str, Any]] = {

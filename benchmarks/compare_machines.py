@@ -82,8 +82,10 @@ def main() -> None:
     console = Console()
     fp, study = load(args.study)
     result: dict = {"study": {"db": args.study, "fingerprint": fp, "rows": len(study)}, "references": []}
+    rows_of = {args.study: study}
     for ref_path in args.references:
         rfp, ref = load(ref_path)
+        rows_of[ref_path] = ref
         by = ratios(study, ref)
         t = Table(title=f"{Path(args.study).parent.name} / {Path(ref_path).parent.name}: median latency ratio per pair")
         for c in ("backend", "pairs", "p25", "median", "p75"):
@@ -97,12 +99,12 @@ def main() -> None:
         result["references"].append(entry)
     t = Table(title="fastest backend per subgraph (subgraphs measured on onnxruntime and openvino at least)")
     t.add_column("database")
-    names = sorted({b for p in [args.study, *args.references] for b in ("onnxruntime", "openvino", "torch", "inductor")})
+    names = ("inductor", "onnxruntime", "openvino", "torch")
     for b in names:
         t.add_column(b, justify="right")
     result["fastest"] = {}
-    for p in [args.study, *args.references]:
-        wins = fastest(study if p == args.study else load(p)[1])
+    for p, rows in rows_of.items():
+        wins = fastest(rows)
         total = sum(wins.values()) or 1
         result["fastest"][p] = dict(wins)
         t.add_row(Path(p).parent.name, *[f"{wins.get(b, 0) / total:.0%}" for b in names])

@@ -154,7 +154,9 @@ def _cmd_db(args) -> int:
         if args.json:
             print(json.dumps(st, indent=2))
             return 0
-        print(f"{args.path}: {st['valid']} valid, {st['invalid']} invalid measurements")
+        print(f"{args.path}: {st['valid']} valid ({st['contended']} of them contended, which training leaves out), "
+              f"{st['invalid']} invalid, {st['failed']} failed measurements; "
+              f"{st['retimed']} had a timing window taken again")
         print(f"{st.get('boundaries', 0)} boundary costs ({st.get('boundaries_valid', 0)} valid), "
               f"{st.get('plan_timings', 0)} plans timed end to end ({st.get('plan_timings_valid', 0)} valid)")
         for what in ("backends", "families", "hardware"):

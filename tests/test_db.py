@@ -165,6 +165,9 @@ def test_measurements_filters_and_stats(db):
     ms += [valid_m(h=f"t{i}", backend="tvm", family="bert") for i in range(3)]
     ms += [invalid_m(h=f"i{i}", backend="tvm", family="bert") for i in range(2)]
     ms += [valid_m(h="o0", hw="cpu-other-t4-222222222222", family="resnet")]
+    ms[0].extra = {"contended": True, "retimed": 2}
+    ms[1].extra = {"contended": False, "retimed": 1}
+    ms[7].extra = {"contended": True}  # an invalid row is not counted as a contended timing
     assert db.commit_many(ms) == 10
     assert [m.key.subgraph_hash for m in db.measurements(backend="tvm", valid=True)] == ["t0", "t1", "t2"]
     assert len(list(db.measurements(valid=False))) == 2
@@ -173,6 +176,7 @@ def test_measurements_filters_and_stats(db):
     assert len(list(db.measurements())) == 10
     s = db.stats()
     assert s["valid"] == 8 and s["invalid"] == 2 and s["total"] == 10
+    assert s["contended"] == 1 and s["retimed"] == 2
     assert s["backends"] == {"onnxruntime": 5, "tvm": 5}
     assert s["families"] == {"bert": 5, "resnet": 5}
     assert s["hardware"] == {HW: 9, "cpu-other-t4-222222222222": 1}
@@ -183,6 +187,8 @@ def test_measurements_filters_and_stats(db):
         "valid": 0,
         "invalid": 0,
         "failed": 0,
+        "contended": 0,
+        "retimed": 0,
         "subgraphs": 0,
         "onnx_stored": 0,
         "backends": {},

@@ -263,8 +263,11 @@ class MeasurementTables:
         """Counts: ``total``, ``valid``, ``invalid``, ``failed``, ``subgraphs`` (distinct hashes measured),
         ``onnx_stored`` (subgraphs with ONNX bytes, whole file), and per-``backends``,
         per-``families``, per-``hardware`` and per-``protocols`` row counts: all of candidate measurements.
-        The records of other kinds: ``boundaries`` (boundary costs, any status) and ``plan_timings``
-        (plans judged end to end), and ``boundaries_valid`` and ``plan_timings_valid``."""
+        How clean the valid timings are: ``contended`` (valid rows timed while another task used the CPUs;
+        kept, but left out of training) and ``retimed`` (rows with at least one timing window taken again
+        because the hypervisor or another task disturbed it). The records of other kinds: ``boundaries``
+        (boundary costs, any status) and ``plan_timings`` (plans judged end to end), and
+        ``boundaries_valid`` and ``plan_timings_valid``."""
         where, args = self._where(hardware, None, None, None)
         records = self.record_counts(hardware=hardware)
         valid_records = self.record_counts(hardware=hardware, valid=True)
@@ -285,11 +288,18 @@ class MeasurementTables:
             n_failed = c.execute(
                 f"SELECT COUNT(*) FROM measurements WHERE {where} AND {self._col('status')} = 'failed'", args
             ).fetchone()[0]
+            n_contended, n_retimed = c.execute(
+                "SELECT COALESCE(SUM(valid = 1 AND COALESCE(json_extract(extra, '$.contended'), 0) != 0), 0), "
+                "COALESCE(SUM(COALESCE(json_extract(extra, '$.retimed'), 0) > 0), 0) "
+                f"FROM measurements WHERE {where}", args,
+            ).fetchone()
             return {
                 "total": total,
                 "valid": n_valid,
                 "invalid": total - n_valid - n_failed,
                 "failed": n_failed,
+                "contended": n_contended,
+                "retimed": n_retimed,
                 "subgraphs": n_sub,
                 "onnx_stored": c.execute("SELECT COUNT(*) FROM subgraphs").fetchone()[0],
                 "backends": group("backend"),

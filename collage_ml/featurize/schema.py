@@ -11,14 +11,15 @@ GNN's graph features (``log1p`` counts, edges both ways, the hardware vector)
 moved into :mod:`~collage_ml.featurize.graph`, so the featurizer the tests
 check is the one the model reads; 3 (2026-12-03), the hardware columns gained
 each probe quantity relative to the machine's other probed backends
-(``roofline.relative_features``).
+(``roofline.relative_features``); 4 (2026-12-04), the roofline estimate gives a node that reads only
+constants no compute (``roofline.constant_nodes``), as the backends that fold constants do.
 """
 
 from __future__ import annotations
 
 from collage_ml.errors import CollageError
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 #: op types with their own histogram column / node one-hot slot; everything else counts as "other"
 OPS: tuple[str, ...] = tuple(

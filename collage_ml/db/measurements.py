@@ -24,6 +24,10 @@ from collage_ml.measure.records import boundary_from_legacy
 _PAGE = 1000  # rows per query when streaming measurements
 
 
+#: SQL for "this row was timed while another task used the CPUs" (``extra.contended``; 0 where absent)
+_CONTENDED = "COALESCE(json_extract(extra, '$.contended'), 0)"
+
+
 class MeasurementTables:
     """The measurements, subgraphs and hardware tables: the part of :class:`~collage_ml.db.Database` that
     keeps candidate measurements. Needs ``_read``, ``_write``, ``_col``, ``_cols``, ``_legacy``,
@@ -180,14 +184,13 @@ class MeasurementTables:
         (default: the current one): valid, invalid, or failed with no attempts left. A failed key, or a valid
         one timed under contention, with attempts left is not settled: the next run measures it again."""
         status, attempts = self._col("status"), self._col("attempts")
-        contended = "COALESCE(json_extract(extra, '$.contended'), 0)"
         return self._read(
             lambda c: {
                 tuple(r)
                 for r in c.execute(
                     f"SELECT subgraph_hash, backend, backend_version FROM measurements WHERE hardware = ? "
                     f"AND {self._col('protocol')} = ? AND (({status} != 'failed' AND NOT ({status} = 'valid' AND "
-                    f"{contended})) OR {attempts} >= ?)",
+                    f"{_CONTENDED})) OR {attempts} >= ?)",
                     (hardware, protocol or PROTOCOL, MAX_ATTEMPTS),
                 )
             },
@@ -285,11 +288,9 @@ class MeasurementTables:
                     ).fetchall()
                 )
 
-            n_failed = c.execute(
-                f"SELECT COUNT(*) FROM measurements WHERE {where} AND {self._col('status')} = 'failed'", args
-            ).fetchone()[0]
-            n_contended, n_retimed = c.execute(
-                "SELECT COALESCE(SUM(valid = 1 AND COALESCE(json_extract(extra, '$.contended'), 0) != 0), 0), "
+            n_failed, n_contended, n_retimed = c.execute(  # one scan for the three per-row conditions
+                f"SELECT COALESCE(SUM({self._col('status')} = 'failed'), 0), "
+                f"COALESCE(SUM(valid = 1 AND {_CONTENDED} != 0), 0), "
                 "COALESCE(SUM(COALESCE(json_extract(extra, '$.retimed'), 0) > 0), 0) "
                 f"FROM measurements WHERE {where}", args,
             ).fetchone()

@@ -75,6 +75,7 @@ from collage_ml.models.evaluate import (  # noqa: E402
     METRICS,
     average_metrics,
     evaluate,
+    evaluate_predictions,
     few_shot,
     format_metric,
     json_safe,
@@ -189,6 +190,19 @@ def plot(path: Path, preds: dict[str, dict[str, dict[str, Any]]]) -> None:
     log(f"wrote {path}")
 
 
+def blend(data: Dataset, preds: dict[str, dict[str, dict[str, Any]]], kinds: list[str]) -> dict[str, dict[str, Any]]:
+    """Leave-one-family-out metrics of the models' blend: per held-out family, the mean of the models' log
+    predictions on the same test rows (each model trained without that family)."""
+    out = {}
+    for fam in preds[kinds[0]]:
+        if not all(fam in preds[k] for k in kinds):
+            continue
+        _, test = data.split_by_source([fam])
+        logs = np.mean([np.log(np.asarray(preds[k][fam]["pred"], dtype=np.float64)) for k in kinds], axis=0)
+        out[fam] = evaluate_predictions(test, np.exp(logs))
+    return out
+
+
 def hardware_labels(paths: list[Path]) -> dict[str, str]:
     """fingerprint -> "Zen 5 t1 (AuthenticAMD-26-2-1)" from each database's hardware table."""
     from collage_ml.db import Database
@@ -300,6 +314,9 @@ def main() -> int:
     ap.add_argument("--no-random-split", action="store_true")
     ap.add_argument("--no-few-shot", action="store_true")
     ap.add_argument("--no-lofo", action="store_true", help="skip leave-one-family-out (and the plot)")
+    ap.add_argument("--blend", action="store_true",
+                    help="with two or more --models, also score their blend in leave-one-family-out: the mean of "
+                         "their log predictions (a geometric mean of the predicted latencies)")
     ap.add_argument("--hardware-dbs", default=None,
                     help="comma-separated databases for the hardware-out sections (default: every dataset but "
                          "the configurations and synthetic ones); 'none' skips those sections")
@@ -356,11 +373,16 @@ def main() -> int:
         preds[k] = {}
         lofo[k] = leave_one_family_out(lambda k=k: create_model(k, **params[k]), data, fams, progress=log,
                                        predictions=preds[k], extra_train=extra if len(extra) else None)
+    shown = list(kinds)
+    if lofo and args.blend and len(kinds) > 1:
+        name = "+".join(kinds)
+        lofo[name] = blend(data, preds, kinds)
+        shown.append(name)
     if lofo:
-        means = {k: average_metrics(lofo[k]) for k in kinds}
-        rows = {f: {k: lofo[k].get(f, {}) for k in kinds} for f in fams}
+        means = {k: average_metrics(lofo[k]) for k in shown}
+        rows = {f: {k: lofo[k].get(f, {}) for k in shown} for f in fams}
         rows["mean over families"] = means
-        side_by_side("leave one family out (each row: trained on every other family)", rows, kinds, ("fit_seconds",))
+        side_by_side("leave one family out (each row: trained on every other family)", rows, shown, ("fit_seconds",))
         results["lofo"] = lofo
         results["lofo_mean"] = means
 

@@ -172,8 +172,10 @@ def train(
     - ``db``: a database path or :class:`~collage_ml.db.Database`; None is the per-user database
       (the one :func:`place` and :func:`collect` write, so training closes the loop); a list of them
       trains on all their rows (one database per machine: the model reads each machine from its probes).
-    - ``model``: ``"xgb"`` (gradient-boosted trees on flat features) or ``"gnn"`` (a graph
-      network), built with ``params`` (e.g. ``{"n_estimators": 200}``), or an unfitted CostModel.
+    - ``model``: ``"xgb"`` (gradient-boosted trees on flat features), ``"gnn"`` (a graph
+      network) or ``"blend"`` (both, their log predictions averaged), built with ``params`` (e.g.
+      ``{"n_estimators": 200}``; a blend's are ``member_params={"xgb": {...}, "gnn": {...}}``),
+      or an unfitted CostModel.
     - ``out``: save the artifact in this directory (``guided`` placement and :func:`evaluate`
       take its path); None keeps it in memory only.
     - ``holdout_families``: source families (e.g. ``["bert"]``) left out of training and scored.

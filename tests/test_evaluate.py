@@ -375,6 +375,21 @@ def test_cli_train_text(tiny_db, tmp_path, capsys):
     assert "trained xgb on" in out and "held out: dcgan" in out and "pairwise" in out and "saved" in out
 
 
+def test_cli_trains_and_scores_a_blend(tiny_db, tmp_path, capsys):
+    pytest.importorskip("torch_geometric")
+    members = {"xgb": {"n_estimators": 20, "n_members": 2}, "gnn": {"hidden": 16, "layers": 2, "epochs": 3}}
+    out = tmp_path / "blend"
+    rc = main(["train", "--db", str(tiny_db), "--model", "blend", "-o", str(out), "--holdout-family", "dcgan",
+               "--param", "member_params=" + json.dumps(members), "--no-progress", "--json"])
+    assert rc == 0, capsys.readouterr().err
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["kind"] == "blend" and summary["params"]["members"] == ["xgb", "gnn"]
+    assert sorted(p.name for p in out.iterdir()) == ["member-0-xgb", "member-1-gnn", "meta.json"]
+    assert main(["eval", "--db", str(tiny_db), "--artifact", str(out), "--holdout-family", "dcgan", "--json"]) == 0
+    r = json.loads(capsys.readouterr().out)
+    assert r["n"] == summary["holdout"]["dcgan"]["n"] and 0.5 < r["backend_pairwise_accuracy"] <= 1.0
+
+
 def test_cli_eval_held_out_json(artifact, tiny_db, capsys):
     out, _ = artifact
     assert main(["eval", "--db", str(tiny_db), "--artifact", str(out), "--holdout-family", "dcgan", "--json"]) == 0

@@ -43,6 +43,7 @@ META = "meta.json"
 KINDS: dict[str, str] = {
     "xgb": "collage_ml.models.xgb:XGBCostModel",
     "gnn": "collage_ml.models.gnn:GNNCostModel",
+    "blend": "collage_ml.models.blend:BlendCostModel",
 }
 
 #: where the shipped artifacts live: <dir>/<name>/meta.json
@@ -164,7 +165,7 @@ def _replaceable(d: Path) -> bool:
     return META in names or all(any(fnmatch.fnmatch(n, pat) for pat in _ARTIFACT_FILES) for n in names)
 
 
-_ARTIFACT_FILES = (META, META + ".tmp", "member-*.json", "*.pt")
+_ARTIFACT_FILES = (META, META + ".tmp", "member-*.json", "*.pt", "member-[0-9]*-*")
 
 
 def _pid_alive(text: str) -> bool:

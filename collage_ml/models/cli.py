@@ -15,7 +15,7 @@ from typing import Any
 from collage_ml.argtypes import arg, key_value
 from collage_ml.defaults import COST_MODEL, DB, MODEL_KIND
 
-KINDS = ("xgb", "gnn")
+KINDS = ("xgb", "gnn", "blend")
 DB_HELP = "measurement database (default: the per-user one that place and collect write)"
 
 
@@ -25,7 +25,8 @@ def add_parser(subparsers) -> None:
         "train",
         help="train a cost model on a measurement database",
         description=(
-            "Fit a learned cost model (xgb: gradient-boosted trees on flat features; gnn: a graph network) on the "
+            "Fit a learned cost model (xgb: gradient-boosted trees on flat features; gnn: a graph network; blend: "
+            "both, their log predictions averaged) on the "
             "valid measurements of a database and save it as an artifact directory. With --holdout-family, those "
             "families are left out of training and scored afterwards."
         ),

@@ -38,8 +38,8 @@ estimates), since 2026-12-03), ``xgb-mean`` (that target explicitly),
 ``xgb-roof`` (``target=roofline``: the candidate's own backend's estimate, the
 default of 2026-12-02), ``xgb-log`` (the log latency itself, ``target=log``,
 the default before), ``xgb-static`` (probes removed from every sample: the
-static description only, i.e. what the model knew before the probe set) and
-``gnn``.
+static description only, i.e. what the model knew before the probe set),
+``gnn`` and ``blend`` (both, their log predictions averaged).
 
 ``--plot`` draws predicted against measured latency from the
 leave-one-family-out predictions, one log-log panel per backend, one colour
@@ -87,7 +87,7 @@ DEFAULT_DB = ROOT / "datasets" / "cpu-2core-zen4" / "measurements.db"
 #: (those would change what a machine's held-out rows are; pass them with --hardware-dbs to include them)
 DEFAULT_HW_DBS = sorted(p for p in (ROOT / "datasets").glob("*/measurements.db")
                         if "configs" not in p.parent.name and "synth" not in p.parent.name)
-VARIANTS = ("xgb", "xgb-log", "xgb-roof", "xgb-mean", "xgb-static", "gnn")
+VARIANTS = ("xgb", "xgb-log", "xgb-roof", "xgb-mean", "xgb-static", "gnn", "blend")
 DEFAULT_VARIANTS = ("xgb", "xgb-roof", "xgb-log", "xgb-static", "gnn")  # xgb-mean is xgb under today's defaults
 HW_FAMILIES = ("bert", "mobilenetv2", "nasnet", "resnet50")
 #: display names of the CPU kinds seen so far (vendor-family-model-stepping from /proc/cpuinfo)
@@ -219,6 +219,8 @@ def hardware_labels(paths: list[Path]) -> dict[str, str]:
 
 
 def variant_model(name: str, params: dict[str, dict[str, Any]]):
+    if name == "blend":  # xgb and gnn with their --param settings, log predictions averaged
+        return create_model("blend", member_params={k: dict(params.get(k, {})) for k in ("xgb", "gnn")})
     kind = "gnn" if name.startswith("gnn") else "xgb"
     p = dict(params.get(kind, {}))
     if name == "xgb-roof":
@@ -326,6 +328,8 @@ def main() -> int:
     ap.add_argument("--hw-folds", default="",
                     help="run only the hardware-out folds whose label contains one of these, comma-separated "
                          "(e.g. 'Zen 3' for every fold of that CPU kind; default: all)")
+    ap.add_argument("--save-preds", type=Path, default=None, metavar="NPZ",
+                    help="write the leave-one-family-out predictions (per model and family: backend, true, pred)")
     ap.add_argument("--plot", type=Path, default=None, metavar="PNG")
     ap.add_argument("--json", type=Path, default=None, metavar="PATH")
     args = ap.parse_args()
@@ -448,6 +452,12 @@ def main() -> int:
     results["seconds"] = time.perf_counter() - t0
     if args.plot and preds:
         plot(args.plot, preds)
+    if args.save_preds and preds:
+        args.save_preds.parent.mkdir(parents=True, exist_ok=True)
+        np.savez_compressed(args.save_preds, **{f"{k}/{fam}/{col}": np.asarray(v[col])
+                                                for k, per in preds.items() for fam, v in per.items()
+                                                for col in ("backend", "true", "pred")})
+        log(f"wrote {args.save_preds}")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(json_safe(results), indent=1, default=str))

@@ -216,7 +216,7 @@ def good_artifact(path: Path) -> Path:
     from collage_ml.models.base import default_artifact
 
     try:
-        src = default_artifact()
+        src = default_artifact(kind="xgb")
     except Exception:  # no shipped model fits this machine: any shipped xgb artifact will do
         from collage_ml.models.base import shipped_artifacts
 
@@ -261,6 +261,13 @@ def bad_artifacts(d: Path, marker: Path) -> dict[str, Path]:
         variant("gnn-state-missing", lambda p: (p / STATE).unlink())
         variant("gnn-state-garbage", lambda p: (p / STATE).write_bytes(b"PK\x03\x04 not a torch file"))
         variant("gnn-state-pickled-code", pickled_code)
+    blend = next((p for p, m in shipped_artifacts() if m.get("kind") == "blend"), None)
+    if blend is not None:
+        src = blend
+        variant("blend-member-missing", lambda p: shutil.rmtree(p / "member-1-gnn"))
+        variant("blend-member-garbage", lambda p: (p / "member-0-xgb" / "member-0.json").write_bytes(b"\x00\xff"))
+        variant("blend-member-outside", lambda p: (p / META).write_text(json.dumps(
+            {**json.loads((p / META).read_text()), "member_dirs": ["../valid.src", "member-1-gnn"]})))
     return out
 
 

@@ -115,6 +115,8 @@ class BlendCostModel(CostModel):
             m = _MEMBER_DIR.match(name) if isinstance(name, str) else None
             if m is None or int(m.group(1)) != i or m.group(2) != kind:
                 raise ArtifactError(f"cost model {directory}: member {i} is {name!r}, not member-{i}-{kind}")
+            if not (directory / name).is_dir():
+                raise ArtifactError(f"cost model {directory} is incomplete: its member folder {name} is missing")
             sub = load_model(directory / name)
             if sub.kind != kind:
                 raise ArtifactError(f"cost model {directory}: {name} holds a {sub.kind} model, not {kind}")

@@ -109,3 +109,19 @@ def test_an_update_updates_every_member(data):
     assert info["mode"] == "blend" and len(info["members"]) == 2
     assert [m.meta["updates"] for m in b.members] == [1, 1] and b.meta["updates"] == 1
     assert not np.allclose(b.predict_log(data.samples)[0], before)
+
+
+def test_the_default_is_xgb_and_the_blend_is_chosen_by_kind(monkeypatch, tmp_path):
+    from collage_ml.measure import hardware
+    from collage_ml.models import base
+
+    arts = [(tmp_path / k, {"kind": k, "hw": {"gpu": False}, "trained_on": {"hardware": ["cpu-known-t2"]}})
+            for k in ("gnn", "blend", "xgb")]
+    monkeypatch.setattr(base, "shipped_artifacts", lambda: list(arts))
+    monkeypatch.setattr(base.HardwareDesc, "current", classmethod(lambda cls, t=None: HW))
+    for fp in ("cpu-known-t2", "cpu-never-seen-t2"):
+        monkeypatch.setattr(hardware, "fingerprint", lambda t=None, fp=fp: fp)
+        assert base.default_artifact().name == "xgb"
+        assert base.default_artifact(kind="blend").name == "blend"
+    monkeypatch.setattr(base, "shipped_artifacts", lambda: [a for a in arts if a[1]["kind"] != "xgb"])
+    assert base.default_artifact().name == "blend"  # before the gnn when no xgb is shipped

@@ -289,8 +289,11 @@ def default_artifact(kind: str | None = None, threads: int | None = None) -> Pat
     The models take the machine as input (static description and probes: see
     :mod:`collage_ml.featurize.hardware`), so one trained on other CPUs still
     applies. Preference: trained on this exact hardware fingerprint; else trained
-    on the same kind of device (CPU only, or with a GPU); xgb before gnn.
-    ``kind`` restricts to xgb or gnn. Raises :class:`ArtifactError` naming the
+    on the same kind of device (CPU only, or with a GPU); xgb before blend before
+    gnn. (The blend ranks a family the model has not seen better on a machine it
+    knows, but not a machine it does not know, and in ``make demo`` it cost a
+    whole-model timing more for the same plan: README, "A blend of XGBoost and
+    the GNN".) ``kind`` restricts to one kind. Raises :class:`ArtifactError` naming the
     fingerprint when nothing fits.
     """
     from collage_ml.measure.hardware import fingerprint
@@ -300,7 +303,7 @@ def default_artifact(kind: str | None = None, threads: int | None = None) -> Pat
     fp = fingerprint(t)
     here = HardwareDesc.current(t)
     arts = [(p, m) for p, m in shipped_artifacts() if kind is None or m.get("kind") == kind]
-    order = {"xgb": 0, "gnn": 1}
+    order = {"xgb": 0, "blend": 1, "gnn": 2}
     arts.sort(key=lambda pm: order.get(str(pm[1].get("kind")), 9))
     for p, m in arts:
         if fp in (m.get("trained_on") or {}).get("hardware", []):

@@ -290,10 +290,10 @@ def default_artifact(kind: str | None = None, threads: int | None = None) -> Pat
     :mod:`collage_ml.featurize.hardware`), so one trained on other CPUs still
     applies. Preference: trained on this exact hardware fingerprint; else trained
     on the same kind of device (CPU only, or with a GPU); xgb before blend before
-    gnn. (The blend ranks a family the model has not seen better on a machine it
-    knows, but not a machine it does not know, and in ``make demo`` it cost a
-    whole-model timing more for the same plan: README, "A blend of XGBoost and
-    the GNN".) ``kind`` restricts to one kind. Raises :class:`ArtifactError` naming the
+    gnn. (The blend ranks a family the model has not seen at least as well on a
+    machine it knows, better on the Xeon, but not on a machine it does not know,
+    and in ``make demo`` it cost a whole-model timing more for the same plan:
+    README, "A blend of XGBoost and the GNN".) ``kind`` restricts to one kind. Raises :class:`ArtifactError` naming the
     fingerprint when nothing fits.
     """
     from collage_ml.measure.hardware import fingerprint

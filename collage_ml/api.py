@@ -73,8 +73,8 @@ def place(
     - ``max_region_size``: the largest region candidate, in nodes (each backend's whole-model
       region is always tried as well). ``threads``: intra-op threads for every backend (None:
       ``$COLLAGE_ML_THREADS`` or the physical cores).
-    - guided mode only: ``cost_model`` (``"default"``, an artifact path or a
-      :class:`~collage_ml.models.base.CostModel`), ``measure_budget`` (new candidates measured
+    - guided mode only: ``cost_model`` (``"default"``, ``"default:KIND"`` such as
+      ``"default:blend"``, an artifact path or a :class:`~collage_ml.models.base.CostModel`), ``measure_budget`` (new candidates measured
       at most), ``guided_config`` (a :class:`~collage_ml.search.guided.GuidedConfig`).
     - ``graph_level``: run the graph-level evolutionary search after the op-level DP, configured
       by ``evo_config`` (an :class:`~collage_ml.search.evolutionary.EvoConfig`).

@@ -51,7 +51,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="exhaustive: measure every candidate (Collage); guided: the cost model picks what to measure")
     pl.add_argument("--cost-model", default="default", metavar="ARTIFACT",
                     help="guided mode's cost model: an artifact from `collage-ml train`, or 'default' (the model "
-                         "updated next to --db if any, else the shipped one for this machine)")
+                         "updated next to --db if any, else the shipped one for this machine), or 'default:KIND' "
+                         "(the same of one kind: xgb, gnn or blend)")
     pl.add_argument("--measure-budget", type=arg(positive_int), default=None, metavar="N",
                     help="guided mode: measure at most N new candidates")
     pl.add_argument("--db", default=None, metavar="PATH", help="measurement database (default: per-user)")

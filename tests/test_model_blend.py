@@ -125,3 +125,24 @@ def test_the_default_is_xgb_and_the_blend_is_chosen_by_kind(monkeypatch, tmp_pat
         assert base.default_artifact(kind="blend").name == "blend"
     monkeypatch.setattr(base, "shipped_artifacts", lambda: [a for a in arts if a[1]["kind"] != "xgb"])
     assert base.default_artifact().name == "blend"  # before the gnn when no xgb is shipped
+
+
+def test_default_colon_kind_names_the_shipped_model_of_that_kind(tmp_path):
+    from collage_ml.models.feedback import resolve_cost_model
+
+    assert load_model("default:blend").kind == "blend"
+    assert load_model("default:xgb").kind == "xgb"
+    model, source, save_to = resolve_cost_model("default:blend", tmp_path / "m.db", "cpu-some-t2")
+    assert model.kind == "blend" and source == "shipped default (blend)"
+    assert save_to == tmp_path / "cost-models" / "cpu-some-t2-blend"
+    with pytest.raises(ArtifactError, match="unknown cost-model kind 'forest' in 'default:forest'"):
+        load_model("default:forest")
+
+
+def test_cli_place_refuses_an_unknown_default_kind_in_one_line(capsys, tmp_path):
+    from collage_ml.cli import main
+
+    rc = main(["place", "resnet50-tiny", "--mode", "guided", "--cost-model", "default:forest", "--backends",
+               "onnxruntime", "--no-graph-level", "--no-progress", "--db", str(tmp_path / "m.db")])
+    last = capsys.readouterr().err.strip().splitlines()[-1]  # after the model's one-line summary
+    assert rc == 1 and last.startswith("collage-ml: error: unknown cost-model kind 'forest'"), last

@@ -67,8 +67,8 @@ def _load_cost_model(cost_model: Any) -> Any:
         return cost_model
     from collage_ml.models import load_model
 
-    if str(cost_model) == "default":
-        return load_model("default")
+    if str(cost_model) == "default" or str(cost_model).startswith("default:"):
+        return load_model(cost_model)
     path = Path(cost_model)
     if not path.exists():
         raise CollageError(f"{path}: no such cost model; train one with `collage-ml train` first")

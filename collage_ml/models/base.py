@@ -244,10 +244,26 @@ def create_model(kind: str, **params: Any) -> CostModel:
     return model_class(kind)(**params)
 
 
+def default_kind(spec: Any) -> str | None | bool:
+    """For ``"default"`` None, for ``"default:KIND"`` the kind (ArtifactError if unknown), else False."""
+    text = str(spec)
+    if text == "default":
+        return None
+    if not text.startswith("default:"):
+        return False
+    kind = text.split(":", 1)[1]
+    if kind not in KINDS:
+        raise ArtifactError(f"unknown cost-model kind {kind!r} in {text!r}; use default or default:KIND with KIND one "
+                            f"of {', '.join(KINDS)}")
+    return kind
+
+
 def load_model(path: str | Path) -> CostModel:
-    """Load an artifact directory (or ``"default"``: the shipped one for this machine)."""
-    if str(path) == "default":
-        path = default_artifact()
+    """Load an artifact directory (or ``"default"``: the shipped one for this machine; ``"default:KIND"``: the
+    shipped one of that kind, e.g. ``"default:blend"``)."""
+    kind = default_kind(path)
+    if kind is not False:
+        path = default_artifact(kind)
     p = Path(path)
     meta = read_meta(p)
     directory = p if p.is_dir() else p.parent

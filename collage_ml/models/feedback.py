@@ -20,7 +20,7 @@ from typing import Any, Sequence
 from collage_ml.errors import first_line
 
 from collage_ml.featurize.hardware import HardwareDesc
-from collage_ml.models.base import KINDS, CostModel, load_model
+from collage_ml.models.base import KINDS, CostModel, default_kind, load_model
 from collage_ml.models.dataset import Dataset
 
 
@@ -31,14 +31,16 @@ def updated_path(db_path: str | Path, fingerprint: str, kind: str) -> Path:
 def resolve_cost_model(spec: Any, db_path: str | Path | None, fingerprint: str) -> tuple[CostModel, str, Path | None]:
     """(model, where it came from, where updates are saved).
 
-    ``spec``: a :class:`CostModel`, an artifact path, or ``"default"`` (the
+    ``spec``: a :class:`CostModel`, an artifact path, ``"default"`` (the
     updated model next to ``db_path`` if there is one for this fingerprint,
-    else the shipped artifact that fits this machine).
+    else the shipped artifact that fits this machine) or ``"default:KIND"``
+    (the same, of that kind only: ``"default:blend"``).
     """
+    kind_only = None if isinstance(spec, CostModel) or spec is None else default_kind(spec)
     if isinstance(spec, CostModel):
         model, source = spec, "given"
-    elif spec is None or str(spec) == "default":
-        for kind in KINDS if db_path is not None else ():
+    elif spec is None or kind_only is not False:
+        for kind in (KINDS if not kind_only else (kind_only,)) if db_path is not None else ():
             p = updated_path(db_path, fingerprint, kind)
             if not p.exists():
                 continue
@@ -47,7 +49,7 @@ def resolve_cost_model(spec: Any, db_path: str | Path | None, fingerprint: str) 
             except Exception as e:  # damaged (e.g. an older collage-ml killed mid-save): the next save replaces it
                 _warn_once(p, f"collage-ml: warning: the updated cost model {p} does not load ({first_line(e)}); "
                               "using the shipped model, and saving the next update over it")
-        model, source = load_model("default"), "shipped default"
+        model, source = load_model(spec or "default"), "shipped default" + (f" ({kind_only})" if kind_only else "")
     else:
         model, source = load_model(spec), str(spec)
     return model, source, (updated_path(db_path, fingerprint, model.kind) if db_path is not None else None)

@@ -66,13 +66,11 @@ def _load_cost_model(cost_model: Any) -> Any:
             raise CollageError(f"the cost model {type(cost_model).__name__} has no predict(candidates) method")
         return cost_model
     from collage_ml.models import load_model
+    from collage_ml.models.base import default_kind
 
-    if str(cost_model) == "default" or str(cost_model).startswith("default:"):
-        return load_model(cost_model)
-    path = Path(cost_model)
-    if not path.exists():
-        raise CollageError(f"{path}: no such cost model; train one with `collage-ml train` first")
-    return load_model(path)
+    if default_kind(cost_model) is False and not Path(cost_model).exists():  # a path, not "default[:KIND]"
+        raise CollageError(f"{Path(cost_model)}: no such cost model; train one with `collage-ml train` first")
+    return load_model(cost_model)
 
 
 def _random_candidates(graph, backends, count: int, max_size: int, seed: int, label: str):

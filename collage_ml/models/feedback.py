@@ -36,11 +36,11 @@ def resolve_cost_model(spec: Any, db_path: str | Path | None, fingerprint: str) 
     else the shipped artifact that fits this machine) or ``"default:KIND"``
     (the same, of that kind only: ``"default:blend"``).
     """
-    kind_only = None if isinstance(spec, CostModel) or spec is None else default_kind(spec)
+    kind_only = False if isinstance(spec, CostModel) else None if spec is None else default_kind(spec)
     if isinstance(spec, CostModel):
         model, source = spec, "given"
-    elif spec is None or kind_only is not False:
-        for kind in (KINDS if not kind_only else (kind_only,)) if db_path is not None else ():
+    elif kind_only is not False:  # "default" (or None) or "default:KIND"
+        for kind in (KINDS if kind_only is None else (kind_only,)) if db_path is not None else ():
             p = updated_path(db_path, fingerprint, kind)
             if not p.exists():
                 continue

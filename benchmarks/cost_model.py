@@ -236,8 +236,22 @@ def strip_probes(data: Dataset) -> Dataset:
     return Dataset([dataclasses.replace(s, hw=s.hw.with_probes(None)) for s in data])
 
 
+def select_folds(folds: list, only: str) -> list:
+    """The folds whose label contains ``only`` whole (a label may hold a comma: "Xeon AMX, every thread
+    count"), or else one of its comma-separated parts; none is an error that lists the labels."""
+    whole = only.strip()
+    kept = [f for f in folds if whole in f[1]]
+    if not kept:
+        parts = [o.strip() for o in only.split(",") if o.strip()]
+        kept = [f for f in folds if any(o in f[1] for o in parts)]
+    if not kept:
+        raise SystemExit(f"--hw-folds {only!r}: no hardware-out fold matches; the folds are: "
+                         + "; ".join(f[1] for f in folds))
+    return kept
+
+
 def hardware_out(data: Dataset, labels: dict[str, str], variants: list[str], params, families: tuple[str, ...],
-                 only: tuple[str, ...] = ()):
+                 only: str = ""):
     """Sections 4 and 5: {section: {fold label: {variant: metrics}}} for machine-out, CPU-kind-out and
     machine-and-family-out folds.
 
@@ -265,8 +279,8 @@ def hardware_out(data: Dataset, labels: dict[str, str], variants: list[str], par
     for fp in sorted(probed & set(machines)):
         for fam in families:
             folds.append(("machine+family", f"{labels.get(fp, fp)} + {fam}", {fp}, fam))
-    if only:  # --hw-folds: keep the folds whose label names one of these (e.g. "Zen 3")
-        folds = [f for f in folds if any(o in f[1] for o in only)]
+    if only.strip():  # --hw-folds: keep the folds whose label names one of these (e.g. "Zen 3")
+        folds = select_folds(folds, only)
     out: dict[str, dict[str, dict[str, Any]]] = {"machine": {}, "cpu": {}, "machine+family": {}}
     stripped = strip_probes(data) if "xgb-static" in variants else None
     for section, label, fps, fam in folds:
@@ -326,8 +340,9 @@ def main() -> int:
     ap.add_argument("--hw-families", default=",".join(HW_FAMILIES),
                     help="families held out with each machine in section 5")
     ap.add_argument("--hw-folds", default="",
-                    help="run only the hardware-out folds whose label contains one of these, comma-separated "
-                         "(e.g. 'Zen 3' for every fold of that CPU kind; default: all)")
+                    help="run only the hardware-out folds whose label contains this text (e.g. 'Zen 3' for every fold "
+                         "of that CPU kind; a label may hold a comma), or else one of its comma-separated parts "
+                         "(default: all)")
     ap.add_argument("--save-preds", type=Path, default=None, metavar="NPZ",
                     help="write the leave-one-family-out predictions (per model and family: backend, true, pred)")
     ap.add_argument("--plot", type=Path, default=None, metavar="PNG")
@@ -438,8 +453,7 @@ def main() -> int:
             hw_data = hw_data + part
         labels = hardware_labels(paths)
         hw_fams = tuple(f.strip() for f in args.hw_families.split(",") if f.strip())
-        only = tuple(f.strip() for f in args.hw_folds.split(",") if f.strip())
-        ho = hardware_out(hw_data, labels, variants, params, hw_fams, only)
+        ho = hardware_out(hw_data, labels, variants, params, hw_fams, args.hw_folds)
         side_by_side("leave one machine out (trained on every other machine; scored on this one, known by its "
                      "probes)", ho["machine"], variants, ("fit_seconds",))
         side_by_side("leave one CPU kind out (every thread count of it; scored on its probed rows)", ho["cpu"],

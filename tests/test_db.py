@@ -436,6 +436,16 @@ def test_random_bytes_refused(tmp_path):
     assert path.read_bytes() == data
 
 
+def test_memory_name_refused_without_a_file(tmp_path, monkeypatch):
+    # sqlite's ":memory:" would otherwise become a file of that name in the working folder
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(DatabaseError) as e:
+        Database(":memory:")
+    msg = str(e.value)
+    assert "in-memory database is not supported" in msg and "\n" not in msg
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_foreign_sqlite_refused_and_unchanged(tmp_path):
     path = _foreign_db(tmp_path / "foreign.db")
     before = path.read_bytes()

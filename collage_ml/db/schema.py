@@ -107,6 +107,8 @@ class Schema:
     def _probe(self, create: bool, check: bool) -> str:
         """Decide, without writing anything, whether the file is new ("new") or ours ("ours"); raise otherwise."""
         p = self.path
+        if str(p) == ":memory:":  # sqlite's name for an in-memory database; here it would be a file of that name
+            raise self._fail("an in-memory database is not supported (measurements are kept: give a file path)")
         if p.is_dir():
             raise self._fail("is a directory, not a collage-ml database")
         if not p.exists():

@@ -1,0 +1,49 @@
+"""benchmarks/cost_model.py's fold selection (the benchmark itself runs for minutes; its parts are tested here)."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+_PATH = Path(__file__).resolve().parents[1] / "benchmarks" / "cost_model.py"
+
+
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location("bench_cost_model", _PATH)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+FOLDS = [
+    ("machine", "Xeon AMX t1", set(), None),
+    ("machine", "Xeon AMX t2", set(), None),
+    ("machine", "Zen 3 t1", set(), None),
+    ("cpu", "Xeon AMX, every thread count", set(), None),
+    ("cpu", "Zen 3, every thread count", set(), None),
+]
+
+
+def _labels(folds):
+    return [f[1] for f in folds]
+
+
+def test_a_label_with_a_comma_selects_that_fold_alone(bench):
+    assert _labels(bench.select_folds(FOLDS, "Xeon AMX, every thread count")) == ["Xeon AMX, every thread count"]
+
+
+def test_substring_and_comma_separated_parts(bench):
+    assert _labels(bench.select_folds(FOLDS, "Zen 3")) == ["Zen 3 t1", "Zen 3, every thread count"]
+    # no label holds the whole text, so its parts are read one by one (the form stop 38 ran)
+    assert _labels(bench.select_folds(FOLDS, "Zen 3 t1,every")) == [
+        "Zen 3 t1", "Xeon AMX, every thread count", "Zen 3, every thread count"]
+
+
+def test_no_match_is_one_line_naming_the_folds(bench):
+    with pytest.raises(SystemExit) as e:
+        bench.select_folds(FOLDS, "Zen 9")
+    msg = str(e.value)
+    assert "'Zen 9'" in msg and "no hardware-out fold matches" in msg and "Zen 3 t1" in msg and "\n" not in msg

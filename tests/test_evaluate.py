@@ -493,3 +493,5 @@ def test_api_train_and_evaluate(tiny_db, tmp_path):
         collage_ml.evaluate(tiny_db, out, holdout_families=["bertt"])
     with pytest.raises(collage_ml.CollageError, match="no measurement database"):
         collage_ml.train(tmp_path / "nope.db")
+    with pytest.raises(collage_ml.CollageError, match="in-memory database is not supported"):
+        collage_ml.train(":memory:")  # not "make one with collect --db :memory:", which collect refuses

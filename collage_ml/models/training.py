@@ -49,7 +49,7 @@ def load_dataset(db: Any, hardware: str | None = None, progress: bool = False):
     p = database_path(db)
     if isinstance(db, Database):
         return _dataset_of(db, p, hardware, progress, Dataset)
-    if not p.exists():
+    if not p.exists() and str(p) != ":memory:":  # Database refuses that name in its own words
         raise CollageError(f"no measurement database at {p}; make one with `collage-ml collect --db {p}`")
     with Database(p, readonly=True) as opened:
         return _dataset_of(opened, p, hardware, progress, Dataset)

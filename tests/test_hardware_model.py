@@ -296,3 +296,30 @@ def test_a_node_that_reads_only_constants_costs_no_compute_in_the_estimate():
     # the constant Gemm alone: the fixed cost and writing its output (an output of this subgraph)
     alone = subgraph_info(const_g.subgraph([int(np.flatnonzero(const_info.ops == gemm)[0])]))
     assert roofline.estimate(alone, r)[0] == pytest.approx(r.overhead + 8 * 64 * 4 / r.mem)
+
+
+def test_live_candidates_without_hw_warn_once_naming_the_training_machine(recwarn):
+    """A Candidate has no machine of its own: predicted without ``hw=``, it gets the machine most training rows
+    came from, which the caller is told once; a Sample, an explicit ``hw`` or an assigned ``model.hw`` is silent."""
+    cands = list(enumerate_candidates(import_model("dcgan-tiny"), [get_backend("onnxruntime")], 1))[:5]
+    infos = [subgraph_info(c.subgraph) for c in cands]
+    slow, fast = _machine(0.5), _machine(2.0)
+    rows = [Sample(i, "onnxruntime", hw, 1e-4 * k, "f", "f", hardware=fp)
+            for k, i in enumerate(infos, 1) for hw, fp in ((slow, "slow"), (slow, "slow"), (fast, "fast"))]
+    m = XGBCostModel(n_members=1, n_estimators=5, seed=0).fit(Dataset(rows))
+    assert m.hw == slow  # two of every three rows
+
+    m.predict(rows)  # Samples: each carries its machine
+    m.predict(cands, hw=fast)
+    assert not [w for w in recwarn if "predicting candidates for" in str(w.message)]
+    default, _ = m.predict(cands)
+    m.predict(cands)
+    said = [str(w.message) for w in recwarn if "predicting candidates for" in str(w.message)]
+    assert said == [f"xgb cost model: predicting candidates for {slow.describe()}, the machine most of its "
+                    "training rows came from; pass hw= for the machine to predict for"]
+    assert np.allclose(default, m.predict(cands, hw=slow)[0])
+
+    m2 = XGBCostModel(n_members=1, n_estimators=5, seed=0).fit(Dataset(rows))
+    m2.hw = fast  # what collect's focus sampler does: this machine, chosen by the caller
+    m2.predict(cands)
+    assert len([w for w in recwarn if "predicting candidates for" in str(w.message)]) == 1

@@ -24,6 +24,7 @@ import json
 import os
 import shutil
 import time
+import warnings
 from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import Any, ClassVar, Sequence
@@ -65,6 +66,8 @@ class CostModel(ABC):
         self.params: dict[str, Any] = dict(params)
         self.meta: dict[str, Any] = {"updates": 0, "trained_on": {}}
         self.hw: HardwareDesc | None = None  # the descriptor candidates are predicted for by default
+        self._trained_hw: HardwareDesc | None = None  # ``hw`` as training or loading set it (see predict)
+        self._warned_hw = False
         #: what the last :func:`collage_ml.train` call did (samples, sources, held-out metrics); not saved
         self.training: dict[str, Any] = {}
 
@@ -89,9 +92,20 @@ class CostModel(ABC):
 
     # -- shared --------------------------------------------------------------------------
     def predict(self, candidates: Sequence[Any], hw: HardwareDesc | None = None) -> tuple[np.ndarray, np.ndarray]:
-        """(latency seconds, log-space std) per Candidate or Sample."""
+        """(latency seconds, log-space std) per Candidate or Sample.
+
+        A Sample carries its machine. A Candidate is predicted for ``hw``; without it, for ``self.hw``, which
+        training sets to the machine most of the training rows came from, not necessarily this one. That
+        case warns once per model, naming the machine: pass the descriptor of the machine to predict for
+        (:func:`collage_ml.featurize.hardware.calibrated` measures this one's probes), or set ``self.hw``."""
         if not len(candidates):
             return np.zeros(0), np.zeros(0)
+        if hw is None and self.hw is not None and self.hw is self._trained_hw and not self._warned_hw:
+            if any(not isinstance(c, Sample) for c in candidates):
+                self._warned_hw = True
+                warnings.warn(f"{self.kind} cost model: predicting candidates for {self.hw.describe()}, the machine "
+                              f"most of its training rows came from; pass hw= for the machine to predict for",
+                              stacklevel=2)
         hw = hw or self.hw or HardwareDesc.current()
         mu, sd = self.predict_log(items_of(candidates, hw))
         return np.exp(mu), sd
@@ -101,7 +115,7 @@ class CostModel(ABC):
             raise ValueError("cannot fit a cost model on an empty dataset")
         fps = sorted({s.hardware for s in data if s.hardware})
         hws = [s.hw for s in data]
-        self.hw = max(set(hws), key=hws.count)
+        self.hw = self._trained_hw = max(set(hws), key=hws.count)
         self.meta["trained_on"] = {
             "n": len(data),
             "sources": data.sources(),
@@ -275,7 +289,7 @@ def load_model(path: str | Path) -> CostModel:
         raise ArtifactError(f"cost model {directory} has parameters this collage-ml does not accept: {e}") from None
     hw = meta.get("hw")
     try:
-        model.hw = HardwareDesc.from_json(hw) if hw else None
+        model.hw = model._trained_hw = HardwareDesc.from_json(hw) if hw else None
     except ValueError as e:
         raise ArtifactError(f"cost model {directory}: meta.json's hw is not a hardware descriptor ({e})") from None
     model.meta = {k: v for k, v in meta.items() if k not in ("format", "format_version", "kind", "schema_version", "params", "hw")}

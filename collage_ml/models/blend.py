@@ -64,7 +64,7 @@ class BlendCostModel(CostModel):
         models = list(members)
         blend = cls(members=[m.kind for m in models], member_params={m.kind: dict(m.params) for m in models})
         blend.members = models
-        blend.hw = next((m.hw for m in models if m.hw is not None), None)
+        blend.hw = blend._trained_hw = next((m.hw for m in models if m.hw is not None), None)
         blend.meta["trained_on"] = dict(models[0].meta.get("trained_on") or {})
         blend.meta["fitted_at"] = models[0].meta.get("fitted_at")
         return blend

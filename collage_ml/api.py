@@ -51,6 +51,7 @@ def place(
     cost_model: Any = COST_MODEL,
     measure_budget: int | None = None,
     guided_config: Any = None,
+    stale_after_hours: float | None = None,
     graph_level: bool = True,
     evo_config: Any = None,
     timing: Any = None,
@@ -76,6 +77,10 @@ def place(
     - guided mode only: ``cost_model`` (``"default"``, ``"default:KIND"`` such as
       ``"default:blend"``, an artifact path or a :class:`~collage_ml.models.base.CostModel`), ``measure_budget`` (new candidates measured
       at most), ``guided_config`` (a :class:`~collage_ml.search.guided.GuidedConfig`).
+    - ``stale_after_hours``: cache hits measured longer ago than this are of another hour of the machine: a few
+      per backend are timed again and that backend's stale hits rescaled by the drift they show
+      (:meth:`~collage_ml.measure.runner.Runner.refresh_stale`; the database keeps what it stored). None (the
+      default) uses every hit as stored.
     - ``graph_level``: run the graph-level evolutionary search after the op-level DP, configured
       by ``evo_config`` (an :class:`~collage_ml.search.evolutionary.EvoConfig`).
     - ``timing`` (:class:`~collage_ml.measure.timing.TimingConfig`), ``tolerance``
@@ -103,6 +108,7 @@ def place(
             timeout=timeout, progress=progress, log=log,
             family=family.removesuffix("-tiny") if isinstance(family, str) else "", graph_level=graph_level,
             evo_config=evo_config, cost_model=cost_model, measure_budget=measure_budget, guided_config=guided_config,
+            stale_after_hours=stale_after_hours,
         )
     except NoCoverError as e:  # every candidate of some node was invalid: a fact about the backends, one line
         raise BackendError(f"cannot place {graph.name} on {', '.join(b.name for b in bks)}: {e}") from None

@@ -16,7 +16,7 @@ import os
 import sys
 from typing import Iterator, Sequence
 
-from collage_ml.argtypes import arg, positive_int, shape
+from collage_ml.argtypes import arg, nonneg_float, positive_int, shape
 from collage_ml.defaults import MAX_REGION_SIZE
 from collage_ml.errors import CollageError, first_line
 
@@ -55,6 +55,9 @@ def build_parser() -> argparse.ArgumentParser:
                          "(the same of one kind: xgb, gnn or blend)")
     pl.add_argument("--measure-budget", type=arg(positive_int), default=None, metavar="N",
                     help="guided mode: measure at most N new candidates")
+    pl.add_argument("--stale-after", type=arg(nonneg_float), default=None, metavar="HOURS",
+                    help="cache hits older than this are of another hour of the machine: time a few per backend "
+                         "again and rescale that backend's old hits by the drift (default: use them as stored)")
     pl.add_argument("--db", default=None, metavar="PATH", help="measurement database (default: per-user)")
     pl.add_argument("--out", default=None, metavar="DIR", help="save the placed model here")
     pl.add_argument("--report", default=None, metavar="FILE.json",
@@ -185,6 +188,7 @@ def _cmd_place(args) -> int:
         input_shapes=dict(args.input_shape) or None, max_region_size=args.max_region_size, threads=args.threads,
         progress=not args.no_progress, log=lambda s: console.print(f"[dim]{s}[/]"),
         graph_level=not args.no_graph_level, evo_config=EvoConfig(generations=args.generations),
+        stale_after_hours=args.stale_after,
         **({"cost_model": args.cost_model, "measure_budget": args.measure_budget} if args.mode == "guided" else {}),
     )
     rep = pm.report
@@ -201,6 +205,9 @@ def _cmd_place(args) -> int:
           f"({rep['generations']} generations, {rep['e2e_measurements']} end-to-end measurements)")
     print(f"measurements: {rep['measurements']} new, {rep['cache_hits']} cache hits, {rep['candidates']} candidates; "
           f"search {rep['search_seconds']:.1f} s; max abs error {rep['max_abs_error']:.3g}")
+    if rep["cache_drift"]:
+        drift = ", ".join(f"{b} x{d['ratio']:.3f} ({d['age_hours']:.1f} h old)" for b, d in rep["cache_drift"].items())
+        print(f"stale cache hits rescaled by {rep['anchor_measurements']} anchors timed again: {drift}")
     if rep["mode"] == "guided":
         g = rep["guided"]
         print(f"guided ({rep['cost_model']}): {rep['predicted_candidates']} predicted, {rep['pruned']} pruned "

@@ -178,3 +178,41 @@ def test_a_worker_asked_to_stop_exits_and_is_reaped():
     assert proc.wait(30) == 0
     w.stop()
     assert w.proc is None and not w._stopping
+
+
+def test_stale_cache_hits_are_rescaled_by_anchors_timed_again(graph, tmp_path):
+    """A machine moves between hours as one (README, "The Xeon a day later"): hits older than ``stale_after`` join
+    at this hour's scale, by the ratio a few of them show when timed again; the database keeps what it stored."""
+    import sqlite3
+    import time
+
+    from collage_ml.db import Database
+
+    ort = OnnxRuntimeBackend()
+    cands = _cands(graph, ort, 4)
+    path = tmp_path / "m.db"
+    with Database(path) as db, Runner(db=db, threads=1, timing=FAST) as r:
+        r.measure(cands, graph.reference())
+    # the stored rows become two days old and three times slower: the machine of another day
+    with sqlite3.connect(path) as c:
+        c.execute("UPDATE measurements SET median = median * 3, timestamp = ?", (time.time() - 2 * 86400,))
+        stored = dict(c.execute("SELECT subgraph_hash, median FROM measurements"))
+    with Database(path) as db:
+        with Runner(db=db, threads=1, timing=FAST) as r:  # the default: hits as stored
+            as_stored = r.measure(cands, graph.reference())
+            assert r.drift == {} and r.anchor_measurements == 0 and r.worker.proc is None
+        assert [m.median for m in as_stored] == [stored[c.subgraph.hash] for c in cands]
+        with Runner(db=db, threads=1, timing=FAST, stale_after=30 * 86400) as r:  # not stale yet
+            assert [m.median for m in r.measure(cands, graph.reference())] == [m.median for m in as_stored]
+            assert r.anchor_measurements == 0
+        with Runner(db=db, threads=1, timing=FAST, stale_after=3600, anchors=2) as r:
+            again = r.measure(cands, graph.reference())
+            ratio = r.drift["onnxruntime"]["ratio"]
+            assert 0.15 < ratio < 0.6, ratio  # about 1/3
+            assert r.anchor_measurements == 2 and r.measured == 0 and r.cache_hits == 4
+            assert r.drift["onnxruntime"]["anchors"] == 2 and 47 < r.drift["onnxruntime"]["age_hours"] < 49
+            assert [m.median for m in again] == pytest.approx([stored[c.subgraph.hash] * ratio for c in cands])
+            assert all(m.extra["rescaled"] == ratio for m in again)
+            assert r.lookup(cands[0].key).median == pytest.approx(stored[cands[0].subgraph.hash] * ratio)
+    with sqlite3.connect(path) as c:  # nothing stored was changed or added
+        assert dict(c.execute("SELECT subgraph_hash, median FROM measurements")) == stored

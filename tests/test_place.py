@@ -59,6 +59,33 @@ def test_second_place_hits_the_cache(tmp_path):
     assert st["families"].get("dcgan", 0) > 0
 
 
+def test_stale_hits_are_rescaled_in_a_placement_and_the_cli_says_so(tmp_path, capsys):
+    """``--stale-after``: a placement on a day-old cache times a few hits per backend again, and reports the drift
+    it rescaled the stale ones by; without it the cache is used as stored."""
+    import sqlite3
+    import time
+
+    db = tmp_path / "m.db"
+    collage_ml.place("dcgan-tiny", backends="onnxruntime,torch", db=db, max_region_size=2, timing=FAST,
+                     graph_level=False)
+    with sqlite3.connect(db) as c:
+        c.execute("UPDATE measurements SET timestamp = ?", (time.time() - 86400,))
+    plain = collage_ml.place("dcgan-tiny", backends="onnxruntime,torch", db=db, max_region_size=2, timing=FAST,
+                             graph_level=False).report
+    assert plain["cache_drift"] == {} and plain["anchor_measurements"] == 0 and plain["measurements"] == 0
+    rc = main(["place", "dcgan-tiny", "--backends", "onnxruntime,torch", "--db", str(db), "--max-region-size", "2",
+               "--no-graph-level", "--stale-after", "1", "--report", str(tmp_path / "r.json"), "--no-progress"])
+    assert rc == 0
+    rep = json.loads((tmp_path / "r.json").read_text())
+    assert set(rep["cache_drift"]) == {"onnxruntime", "torch"} and rep["measurements"] == 0
+    assert rep["anchor_measurements"] == sum(int(d["anchors"]) for d in rep["cache_drift"].values()) <= 6
+    assert all(23.9 < d["age_hours"] < 24.5 and d["ratio"] > 0 for d in rep["cache_drift"].values())
+    assert "stale cache hits rescaled by" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        main(["place", "dcgan-tiny", "--db", str(db), "--stale-after", "-1"])
+    assert "--stale-after: expected a finite number >= 0, got '-1'" in capsys.readouterr().err
+
+
 def test_place_cli_report_and_saved_model(tmp_path, capsys):
     rep_path = tmp_path / "reports" / "r.json"  # its folder does not exist yet
     rc = main(["place", "resnet50-tiny", "--backends", "onnxruntime,torch", "--db", str(tmp_path / "m.db"),

@@ -227,7 +227,7 @@ KEYS = ["model", "mode", "hardware", "threads", "backends", "chosen", "plan_late
         "op_level_ms", "op_level_plan", "fallback", "import", "invalid_by_backend", "systematic_failures",
         "graph_level_ms", "generations", "e2e_measurements", "baselines_ms", "baselines_e2e_ms", "plans_e2e_ms",
         "plan_errors", "speedup_vs_best_single", "measurements", "probe_measurements", "probe_seconds",
-        "predicted_candidates", "pruned", "model_updates", "cost_model", "guided", "baselines_predicted_ms", "cache_hits", "candidates", "distinct_candidates",
+        "predicted_candidates", "pruned", "model_updates", "cost_model", "guided", "baselines_predicted_ms", "cache_hits", "cache_drift", "anchor_measurements", "candidates", "distinct_candidates",
         "dp_states", "dp_limit_hit", "dp_seconds", "search_seconds", "max_abs_error", "outputs_match", "mismatch",
         "head_to_head", "partitions"]
 

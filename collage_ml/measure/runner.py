@@ -26,6 +26,7 @@ from __future__ import annotations
 import itertools
 import os
 import sys
+import time
 from dataclasses import replace
 from typing import Callable, Iterable, Mapping, Sequence
 
@@ -61,6 +62,8 @@ class Runner:
         timing: TimingConfig = TimingConfig(),
         tolerance: Tolerance = Tolerance(),
         family: str = "",
+        stale_after: float | None = None,
+        anchors: int = 3,
     ):
         from collage_ml.measure.hardware import fingerprint, hardware_info
 
@@ -78,6 +81,12 @@ class Runner:
         self._pools: dict[str | None, list[Worker]] = {None: [Worker(self.threads)]}
         self.cache_hits = 0
         self.measured = 0
+        # stale cache hits (see refresh_stale): older than ``stale_after`` seconds when this runner started
+        self.stale_after = stale_after
+        self.anchors = int(anchors)
+        self.started = time.time()
+        self.drift: dict[str, dict[str, float]] = {}  # backend -> {"ratio", "anchors", "age_hours"}
+        self.anchor_measurements = 0
         self.refused = 0  # measurements the database did not take (another process committed the key first)
 
     @property
@@ -116,7 +125,55 @@ class Runner:
         if self.db is None:
             return None
         m = self.db.get(key, self.hardware, self.timing.name)
-        return None if m is None or m.retryable else m
+        return None if m is None or m.retryable else self._rescaled(m)
+
+    # -- stale cache hits
+    def _stale(self, m: Measurement) -> bool:
+        return (self.stale_after is not None and m.valid and bool(m.median)
+                and self.started - m.timestamp > self.stale_after)
+
+    def _rescaled(self, m: Measurement) -> Measurement:
+        """A stale hit times its backend's drift (the database keeps the stored value); others as stored."""
+        d = self.drift.get(m.key.backend) if self._stale(m) else None
+        if d is None:
+            return m
+        r = d["ratio"]
+        return replace(m, median=m.median * r, samples=[x * r for x in m.samples],
+                       extra={**m.extra, "rescaled": r})
+
+    def refresh_stale(self, candidates: Sequence[Candidate], reference: Mapping[str, np.ndarray]) -> dict:
+        """Re-measures a few stale cache hits per backend, and rescales that backend's stale hits from then on.
+
+        A machine's speed moves between hours, all its kernels together (README, "The Xeon a day later":
+        9-10% overnight, orders intact), so measurements of another hour do not add up with this hour's. For
+        each backend among ``candidates`` that has hits older than ``stale_after`` seconds and no drift
+        estimate yet, the ``anchors`` slowest of them are timed again under the protocol, in memory (the
+        database keeps its first measurement of a key), and the median ratio new / stored becomes the drift
+        that :meth:`lookup` applies to every stale hit of that backend. Anchors count in
+        ``anchor_measurements``, not in ``measured``. Does nothing when ``stale_after`` is None (the default)
+        or without a database. Returns ``drift``."""
+        if self.stale_after is None or self.db is None or self.anchors < 1:
+            return self.drift
+        stale: dict[str, dict] = {}
+        for c in candidates:
+            b = c.backend.name
+            if b in self.drift or c.key in stale.get(b, {}):
+                continue
+            m = self.db.get(c.key, self.hardware, self.timing.name)
+            if m is not None and not m.retryable and self._stale(m):
+                stale.setdefault(b, {})[c.key] = (c, m)
+        todo = [sorted(v.values(), key=lambda cm: -cm[1].median)[: self.anchors] for v in stale.values()]
+        if not todo:
+            return self.drift
+        phases = [([cms[0][0].backend], [lambda c=c: self._task(c, reference) for c, _ in cms]) for cms in todo]
+        for cms, rs in zip(todo, self.run_phases(phases)):
+            self.anchor_measurements += len(cms)
+            ratios = [r["median"] / m.median for (_, m), r in zip(cms, rs) if r.get("valid") and r.get("median")]
+            if ratios:
+                age = max(self.started - m.timestamp for _, m in cms) / 3600.0
+                self.drift[cms[0][0].backend.name] = {
+                    "ratio": float(np.median(ratios)), "anchors": float(len(ratios)), "age_hours": round(age, 2)}
+        return self.drift
 
     def measure(
         self,
@@ -134,6 +191,7 @@ class Runner:
         or, under ``timing.interleave``, one chunk of every backend at a time with their passes interleaved.
         """
         family = self.family if family is None else family
+        self.refresh_stale(candidates, reference)
         results: dict[CandidateKey, Measurement] = {}
         todo: dict[str, dict[CandidateKey, Candidate]] = {}
         for c in sorted(candidates, key=lambda c: c.backend.name):  # one backend per phase

@@ -51,6 +51,10 @@ class PlaceReport(Mapping):
     guided: dict | None
     baselines_predicted_ms: dict[str, float]
     cache_hits: int
+    #: backend -> {"ratio", "anchors", "age_hours"}: the drift that stale cache hits were rescaled by
+    #: (``stale_after_hours``; empty when off or when no hit was stale)
+    cache_drift: dict
+    anchor_measurements: int  # stale hits timed again to measure that drift (not in ``measurements``)
     candidates: int
     distinct_candidates: int
     dp_states: int

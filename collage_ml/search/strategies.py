@@ -189,6 +189,7 @@ class Guided(Strategy):
         t_dp = time.perf_counter()
         self._predict(self.cands + list(p.baselines))
         keys = [c.key for c in self.cands]
+        runner.refresh_stale(self.cands + list(p.baselines), p.ref)  # stale hits join at this hour's scale
         known: dict = {}
         for k in dict.fromkeys(keys):
             m = runner.lookup(k)

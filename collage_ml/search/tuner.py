@@ -230,6 +230,8 @@ class Tuner:
             **self.strategy.report_fields(self),
             baselines_predicted_ms=baseline_pred_ms,
             cache_hits=runner.cache_hits,
+            cache_drift=dict(runner.drift),
+            anchor_measurements=runner.anchor_measurements,
             candidates=len(cands),
             distinct_candidates=len({c.key for c in cands}),
             dp_states=dp.states if dp is not None else 0,
@@ -282,6 +284,7 @@ def place(
     cost_model: Any = "default",
     measure_budget: int | None = None,
     guided_config: GuidedConfig | None = None,
+    stale_after_hours: float | None = None,
 ) -> PlaceResult:
     """Places ``graph`` on ``backends`` (default: the CPU default set). See the module docstring.
 
@@ -295,7 +298,8 @@ def place(
         return _place(graph, backends, mode, db, max_region_size=max_region_size, threads=threads, timing=timing,
                       tolerance=tolerance, timeout=timeout, progress=progress, family=family, log=log,
                       graph_level=graph_level, evo_config=evo_config, cost_model=cost_model,
-                      measure_budget=measure_budget, guided_config=guided_config)
+                      measure_budget=measure_budget, guided_config=guided_config,
+                      stale_after_hours=stale_after_hours)
     except (CollageError, ValueError, KeyboardInterrupt):
         raise
     except Exception as e:
@@ -303,11 +307,13 @@ def place(
 
 
 def _place(graph, backends, mode, db, *, max_region_size, threads, timing, tolerance, timeout, progress, family, log,
-           graph_level, evo_config, cost_model, measure_budget, guided_config) -> PlaceResult:
+           graph_level, evo_config, cost_model, measure_budget, guided_config, stale_after_hours) -> PlaceResult:
     if mode not in MODES:
         raise CollageError(f"unknown mode {mode!r}; available: {', '.join(MODES)}")
     if max_region_size < 1:
         raise ValueError(f"max_region_size must be >= 1, got {max_region_size}")
+    if stale_after_hours is not None and not stale_after_hours >= 0:
+        raise ValueError(f"stale_after_hours must be >= 0, got {stale_after_hours}")
     t_start = time.perf_counter()
     backends = list(backends) if isinstance(backends, (list, tuple)) else resolve_backends(backends)
     if not backends:
@@ -316,7 +322,8 @@ def _place(graph, backends, mode, db, *, max_region_size, threads, timing, toler
     database, owned = _open_db(db)
     try:
         with Runner(db=database, threads=threads, timing=timing, tolerance=tolerance, timeout=timeout,
-                    family=family or graph.name) as runner:
+                    family=family or graph.name,
+                    stale_after=None if stale_after_hours is None else stale_after_hours * 3600.0) as runner:
             ref = graph.reference()
             for note in graph.import_notes:
                 say(f"import: {note}")

@@ -52,6 +52,8 @@ class Runner:
     name keys the database rows this runner reads and writes.
     ``measured`` counts the measurements that were committed (all of them
     without a database), ``cache_hits`` the candidates read from it.
+    ``stale_after`` (seconds; None: off) and ``anchors``: cache hits older than that are rescaled by the
+    drift that ``anchors`` of them show when timed again (:meth:`refresh_stale`).
     """
 
     def __init__(

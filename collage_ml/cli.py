@@ -205,7 +205,7 @@ def _cmd_place(args) -> int:
           f"({rep['generations']} generations, {rep['e2e_measurements']} end-to-end measurements)")
     print(f"measurements: {rep['measurements']} new, {rep['cache_hits']} cache hits, {rep['candidates']} candidates; "
           f"search {rep['search_seconds']:.1f} s; max abs error {rep['max_abs_error']:.3g}")
-    if rep["cache_drift"]:
+    if rep.get("cache_drift"):
         drift = ", ".join(f"{b} x{d['ratio']:.3f} ({d['age_hours']:.1f} h old)" for b, d in rep["cache_drift"].items())
         print(f"stale cache hits rescaled by {rep['anchor_measurements']} anchors timed again: {drift}")
     if rep["mode"] == "guided":

@@ -1,11 +1,11 @@
 """What a plan of many one-node partitions pays beyond its parts timed alone: the executor's dispatch per partition.
 
-    .venv/bin/python benchmarks/partition_cost.py [--k 32] [--threads 1] [--backends onnxruntime,openvino,torch]
+    .venv/bin/python benchmarks/partition_cost.py [--k 32] [--threads 1] [--numel 256] [--backends onnxruntime,openvino,torch]
 
-A chain of K Relu nodes on a 1 KiB tensor: one node compiled alone and called in a tight loop, the K nodes as K
-partitions of one backend (not merged), and as one partition, each timed in this process. The third column is
-(K partitions - K x one alone) / K: what a partition costs in a plan beyond its own measurement, with no weights
-and a working set that stays in cache.
+A chain of K Relu nodes on a [1, numel] float tensor (256: 1 KiB): one node compiled alone and called in a tight
+loop, the K nodes as K partitions of one backend (not merged), and as one partition, each timed in this process.
+The last figure is (K partitions - K x one alone) / K: what a partition costs in a plan beyond its own
+measurement, with no weights.
 """
 
 from __future__ import annotations

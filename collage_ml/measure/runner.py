@@ -88,6 +88,7 @@ class Runner:
         self.anchors = int(anchors)
         self.started = time.time()
         self.drift: dict[str, dict[str, float]] = {}  # backend -> {"ratio", "anchors", "age_hours"}
+        self._stale_checked: set[CandidateKey] = set()  # keys refresh_stale has read (their rows cannot turn stale)
         self.anchor_measurements = 0
         self.refused = 0  # measurements the database did not take (another process committed the key first)
 
@@ -159,8 +160,9 @@ class Runner:
         stale: dict[str, dict] = {}
         for c in candidates:
             b = c.backend.name
-            if b in self.drift or c.key in stale.get(b, {}):
+            if b in self.drift or c.key in self._stale_checked:
                 continue
+            self._stale_checked.add(c.key)
             m = self.db.get(c.key, self.hardware, self.timing.name)
             if m is not None and not m.retryable and self._stale(m):
                 stale.setdefault(b, {})[c.key] = (c, m)

@@ -39,6 +39,8 @@ def main() -> None:
     ap.add_argument("--db", default=".cache/e2e.db")
     ap.add_argument("--stale-after", type=float, default=None, metavar="HOURS",
                     help="rescale cache hits older than this by anchors timed again (place's stale_after_hours)")
+    ap.add_argument("--no-in-context", action="store_true",
+                    help="the DP prices plans as sums of parts timed alone (place's in_context=False)")
     ap.add_argument("--out", default="benchmarks/results/e2e.json")
     ap.add_argument("--table-only", action="store_true", help="print the table from --out without measuring")
     args = ap.parse_args()
@@ -54,7 +56,7 @@ def main() -> None:
                               max_region_size=args.max_region_size, threads=args.threads, progress=True,
                               log=lambda s: console.print(f"[dim]{s}[/]"), graph_level=not args.no_graph_level,
                               evo_config=EvoConfig(generations=args.generations),
-                              stale_after_hours=args.stale_after)
+                              stale_after_hours=args.stale_after, in_context=not args.no_in_context)
         results[key] = dict(pm.report)
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(results, indent=1, default=str))

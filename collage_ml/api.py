@@ -52,6 +52,7 @@ def place(
     measure_budget: int | None = None,
     guided_config: Any = None,
     stale_after_hours: float | None = None,
+    in_context: bool = True,
     graph_level: bool = True,
     evo_config: Any = None,
     timing: Any = None,
@@ -81,6 +82,9 @@ def place(
       per backend are timed again and that backend's stale hits rescaled by the drift they show
       (:meth:`~collage_ml.measure.runner.Runner.refresh_stale`; the database keeps what it stored). None (the
       default) uses every hit as stored.
+    - ``in_context``: the op-level DP charges each partition what it pays inside a plan beyond its latency timed
+      alone (a cold call, and its constants evicted by the other partitions; measured once per machine and
+      backend, :mod:`collage_ml.measure.context`). False prices a plan as the sum of its parts, as Collage did.
     - ``graph_level``: run the graph-level evolutionary search after the op-level DP, configured
       by ``evo_config`` (an :class:`~collage_ml.search.evolutionary.EvoConfig`).
     - ``timing`` (:class:`~collage_ml.measure.timing.TimingConfig`), ``tolerance``
@@ -108,7 +112,7 @@ def place(
             timeout=timeout, progress=progress, log=log,
             family=family.removesuffix("-tiny") if isinstance(family, str) else "", graph_level=graph_level,
             evo_config=evo_config, cost_model=cost_model, measure_budget=measure_budget, guided_config=guided_config,
-            stale_after_hours=stale_after_hours,
+            stale_after_hours=stale_after_hours, in_context=in_context,
         )
     except NoCoverError as e:  # every candidate of some node was invalid: a fact about the backends, one line
         raise BackendError(f"cannot place {graph.name} on {', '.join(b.name for b in bks)}: {e}") from None

@@ -58,6 +58,9 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--stale-after", type=arg(nonneg_float), default=None, metavar="HOURS",
                     help="cache hits older than this are of another hour of the machine: time a few per backend "
                          "again and rescale that backend's old hits by the drift (default: use them as stored)")
+    pl.add_argument("--no-in-context", action="store_true",
+                    help="price a plan as the sum of its parts timed alone, without what each partition pays "
+                         "inside a plan (cold calls, evicted weights)")
     pl.add_argument("--db", default=None, metavar="PATH", help="measurement database (default: per-user)")
     pl.add_argument("--out", default=None, metavar="DIR", help="save the placed model here")
     pl.add_argument("--report", default=None, metavar="FILE.json",
@@ -188,7 +191,7 @@ def _cmd_place(args) -> int:
         input_shapes=dict(args.input_shape) or None, max_region_size=args.max_region_size, threads=args.threads,
         progress=not args.no_progress, log=lambda s: console.print(f"[dim]{s}[/]"),
         graph_level=not args.no_graph_level, evo_config=EvoConfig(generations=args.generations),
-        stale_after_hours=args.stale_after,
+        stale_after_hours=args.stale_after, in_context=not args.no_in_context,
         **({"cost_model": args.cost_model, "measure_budget": args.measure_budget} if args.mode == "guided" else {}),
     )
     rep = pm.report

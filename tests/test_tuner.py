@@ -222,14 +222,14 @@ def test_flush_without_feedback_is_none():
 # ----------------------------------------------------------------------------- the report
 
 #: the report's JSON keys, in order, as `place --report` has always written them (the two probe keys and
-#: head_to_head since #16)
+#: head_to_head since #16; the in-context pair since stop 40)
 KEYS = ["model", "mode", "hardware", "threads", "backends", "chosen", "plan_latency_ms", "op_level_predicted_ms",
         "op_level_ms", "op_level_plan", "fallback", "import", "invalid_by_backend", "systematic_failures",
         "graph_level_ms", "generations", "e2e_measurements", "baselines_ms", "baselines_e2e_ms", "plans_e2e_ms",
         "plan_errors", "speedup_vs_best_single", "measurements", "probe_measurements", "probe_seconds",
         "predicted_candidates", "pruned", "model_updates", "cost_model", "guided", "baselines_predicted_ms", "cache_hits", "cache_drift", "anchor_measurements", "candidates", "distinct_candidates",
         "dp_states", "dp_limit_hit", "dp_seconds", "search_seconds", "max_abs_error", "outputs_match", "mismatch",
-        "head_to_head", "partitions"]
+        "head_to_head", "partitions", "dp_overhead_ms", "in_context_us"]
 
 
 def _report(**kw):

@@ -25,6 +25,9 @@ import numpy as np
 from collage_ml.cost import Measurement
 from collage_ml.errors import describe
 from collage_ml.measure.records import BoundaryCost, boundary_from_legacy, boundary_key
+
+#: the ``tensor`` of an in-context record (:mod:`collage_ml.measure.context`), which shares the table
+CONTEXT_TENSOR = "context:rotation"
 from collage_ml.measure.timing import TimingConfig
 
 #: tensor sizes the table is measured at (float32 elements): 1 KiB, 64 KiB, 1 MiB, 4 MiB
@@ -111,17 +114,23 @@ def measure_boundaries(
             if cached_only:
                 continue
             timing = replace(runner.timing, time_cap=min(runner.timing.time_cap, BOUNDARY_TIME_CAP))
-            r = runner.worker_for([a, b]).run(BoundaryTask(a.spec(), b.spec(), numel, runner.threads, timing), runner.timeout)
-            rec = BoundaryCost(
-                key=key, hardware=runner.hardware, valid=bool(r.get("valid")), samples=list(r.get("samples", [])),
-                median=r.get("median"), spread=r.get("spread"), threads=runner.threads,
-                versions={**a.versions(), **b.versions()}, error_text=r.get("error_text", ""),
-                extra=r.get("extra", {}), failed=bool(r.get("failed")), protocol=runner.timing.name,
-            )
-            if runner.db is not None:
-                runner.db.commit_boundary(rec)
-            out.append(rec)
+            out.append(run_record(runner, key, [a, b], BoundaryTask(a.spec(), b.spec(), numel, runner.threads, timing)))
     return out
+
+
+def run_record(runner, key, backends: Sequence, task) -> BoundaryCost:
+    """Runs ``task`` in a worker of ``backends`` and commits its result as the record of ``key`` (boundary
+    costs and in-context costs alike)."""
+    r = runner.worker_for(list(backends)).run(task, runner.timeout)
+    rec = BoundaryCost(
+        key=key, hardware=runner.hardware, valid=bool(r.get("valid")), samples=list(r.get("samples", [])),
+        median=r.get("median"), spread=r.get("spread"), threads=runner.threads,
+        versions={k: v for b in backends for k, v in b.versions().items()}, error_text=r.get("error_text", ""),
+        extra=r.get("extra", {}), failed=bool(r.get("failed")), protocol=runner.timing.name,
+    )
+    if runner.db is not None:
+        runner.db.commit_boundary(rec)
+    return rec
 
 
 class BoundaryTable:
@@ -132,11 +141,12 @@ class BoundaryTable:
         self.add(records)
 
     def add(self, records: Iterable[BoundaryCost | Measurement]) -> None:
-        """Adds boundary costs (invalid ones are ignored). A :class:`Measurement` in the old shape of a boundary
-        cost (``boundary:<nbytes>``) counts as one; any other measurement is ignored."""
+        """Adds boundary costs (invalid ones, and in-context costs of :mod:`collage_ml.measure.context`, are
+        ignored). A :class:`Measurement` in the old shape of a boundary cost (``boundary:<nbytes>``) counts as one;
+        any other measurement is ignored."""
         for r in records:
             b = boundary_from_legacy(r) if isinstance(r, Measurement) else r
-            if b is None or not b.valid or b.median is None:
+            if b is None or not b.valid or b.median is None or b.key.tensor == CONTEXT_TENSOR:
                 continue
             self.points.setdefault(b.key.pair, []).append((int(b.key.nbytes), float(b.median)))
         for v in self.points.values():

@@ -6,7 +6,9 @@ not overlap the covered set, and whose every external input is produced by a
 covered node (so the chosen order is an execution order and the plan is
 acyclic). A plan's cost is the sum of its candidates' costs plus, for every
 tensor that crosses into a candidate from another partition, the boundary
-cost of that hand-off (producer backend, consumer backend, bytes).
+cost of that hand-off (producer backend, consumer backend, bytes), plus
+an optional per-candidate ``overhead``: what a partition pays inside a plan
+beyond its latency measured alone (:mod:`collage_ml.measure.context`).
 
 Because boundary costs depend on which backend produced each live tensor,
 the exact state is (covered set, backends of the covered nodes that still
@@ -35,6 +37,7 @@ from collage_ml.errors import CollageError
 from collage_ml.ir.graph import Graph, iter_bits
 
 BoundaryFn = Callable[[str, str, int], float]
+OverheadFn = Callable[[Candidate], float]
 
 
 def no_boundary(first: str, second: str, nbytes: int) -> float:
@@ -48,7 +51,8 @@ class DPResult:
     states: int
     limit_hit: bool
     boundary_cost: float = 0.0
-    per_candidate: list[float] = field(default_factory=list)
+    per_candidate: list[float] = field(default_factory=list)  # the costs given, without overhead
+    overhead_cost: float = 0.0  # the chosen candidates' overhead, included in ``cost``
 
 
 class NoCoverError(CollageError):
@@ -64,12 +68,19 @@ class _Prepared:
     cost: float
 
 
-def _prepare(graph: Graph, cands: Sequence[Candidate], costs: Sequence[float | None]) -> list[_Prepared | None]:
+def _prepare(graph: Graph, cands: Sequence[Candidate], costs: Sequence[float | None],
+             overhead: OverheadFn | None = None) -> list[_Prepared | None]:
     out: list[_Prepared | None] = []
+    extra: dict = {}
     for c, cost in zip(cands, costs):
         if cost is None:
             out.append(None)
             continue
+        if overhead is not None:
+            k = (c.backend.name, c.subgraph.mask)
+            if k not in extra:
+                extra[k] = float(overhead(c))
+            cost = float(cost) + extra[k]
         sg = c.subgraph
         ext = 0
         for i in sg.node_indices:
@@ -88,9 +99,11 @@ def solve(
     costs: Sequence[float | None],
     boundary: BoundaryFn = no_boundary,
     max_states: int = 200_000,
+    overhead: OverheadFn | None = None,
 ) -> DPResult:
-    """The cheapest cover of ``graph`` by ``candidates`` (``costs[i]`` in seconds, None = unusable)."""
-    prep = _prepare(graph, candidates, costs)
+    """The cheapest cover of ``graph`` by ``candidates`` (``costs[i]`` in seconds, None = unusable), each
+    candidate charged ``overhead(candidate)`` on top of its cost."""
+    prep = _prepare(graph, candidates, costs, overhead)
     by_first: dict[int, list[int]] = {}
     for idx, p in enumerate(prep):
         if p is not None:
@@ -102,8 +115,10 @@ def solve(
         found = _dijkstra(graph, prep, by_first, boundary, exact=False, max_states=None)
         assert found is not None
     choice, cost, states, bsum = found
+    given = [float(costs[i]) for i in choice]
     return DPResult(
-        [candidates[i] for i in choice], cost, states, limit_hit, bsum, [prep[i].cost for i in choice]
+        [candidates[i] for i in choice], cost, states, limit_hit, bsum, given,
+        sum(prep[i].cost for i in choice) - sum(given),
     )
 
 

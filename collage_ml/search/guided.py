@@ -67,7 +67,7 @@ import numpy as np
 
 from collage_ml.candidates import Candidate
 from collage_ml.ir.graph import Graph
-from collage_ml.search.dp import BoundaryFn, DPResult, NoCoverError, no_boundary, solve
+from collage_ml.search.dp import BoundaryFn, DPResult, NoCoverError, OverheadFn, no_boundary, solve
 
 
 @dataclass
@@ -192,6 +192,7 @@ def guided_op_level(
     known: Mapping[Hashable, float | None] | None = None,
     log: Callable[[str], None] | None = None,
     plan_check: Callable[[DPResult], bool] | None = None,
+    overhead: OverheadFn | None = None,
 ) -> GuidedResult:
     """Runs the loop in the module docstring.
 
@@ -255,7 +256,7 @@ def guided_op_level(
         """The cheapest cover by measured candidates alone (None: they do not cover the graph yet)."""
         try:
             return solve(graph, cands, [measured[keys[i]] if keys[i] in measured else None for i in range(n)],
-                         boundary)
+                         boundary, overhead=overhead)
         except NoCoverError:
             return None
 
@@ -296,7 +297,7 @@ def guided_op_level(
             continue
         rounds += 1
         try:
-            dp = solve(graph, cands, [optimistic(i) for i in range(n)], boundary)
+            dp = solve(graph, cands, [optimistic(i) for i in range(n)], boundary, overhead=overhead)
         except NoCoverError:
             dp = None
             break
@@ -347,7 +348,7 @@ def guided_op_level(
         # solve over measurements only: a prediction never replaces a measurement in the final plan
         costs = [measured.get(keys[i]) if keys[i] in measured else None for i in range(n)]
         try:
-            dp = solve(graph, cands, costs, boundary)
+            dp = solve(graph, cands, costs, boundary, overhead=overhead)
         except NoCoverError:
             dp = None
             note("the measured candidates do not cover the graph (measure_budget ran out)")

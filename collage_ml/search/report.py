@@ -68,6 +68,10 @@ class PlaceReport(Mapping):
     #: ``earlier_ms``, ``ms``) and ``seconds``; None when one plan stood alone
     head_to_head: dict | None = None
     partitions: list[dict] = field(default_factory=list)
+    #: what the op-level DP charged its plan for running in context (included in ``op_level_predicted_ms``)
+    dp_overhead_ms: float | None = None
+    #: backend -> {"<KiB of constants>KiB_us": in-context cost}: the table the DP charged (empty: in_context off)
+    in_context_us: dict = field(default_factory=dict)
     model_saved_to: str | None = None
 
     # -- the JSON form ---------------------------------------------------------------------

@@ -27,6 +27,7 @@ from typing import Any, Callable
 
 from collage_ml.candidates import Candidate
 from collage_ml.measure.boundary import BoundaryTable, measure_boundaries
+from collage_ml.measure.context import CONTEXT_SIZES, ContextTable, measure_context
 from collage_ml.search.dp import DPResult, NoCoverError, solve
 from collage_ml.search.evolutionary import EvoConfig
 from collage_ml.search.guided import GuidedConfig, GuidedResult, guided_op_level
@@ -54,6 +55,7 @@ class OpLevel:
     table: BoundaryTable  # hand-off costs, as measured so far
     dp_seconds: float
     budget_hit: bool = False  # guided: measure_budget ran out
+    context: ContextTable | None = None  # in-context costs the DP charged (None: in_context was off)
 
 
 class Strategy:
@@ -62,8 +64,21 @@ class Strategy:
     name = ""  # the report's "mode"
     reuse_whole_model_timings = False
 
-    def __init__(self, progress: bool = False):
+    def __init__(self, progress: bool = False, in_context: bool = True):
         self.progress = progress
+        self.in_context = in_context
+        self.say: Callable[[str], None] | None = None
+
+    def context(self, runner, p: Problem) -> ContextTable | None:
+        """Every backend's in-context cost (:mod:`collage_ml.measure.context`), measured once per machine and
+        read from the database after that; None when ``in_context`` is off."""
+        if not self.in_context:
+            return None
+        have = {(r.key.first, r.key.nbytes) for r in measure_context(runner, p.backends, cached_only=True)}
+        todo = [b.name for b in p.backends if any((b.name, n) not in have for n in CONTEXT_SIZES)]
+        if todo and self.say is not None:
+            self.say(f"measuring what a partition pays inside a plan on {', '.join(todo)} (once per machine)")
+        return ContextTable(measure_context(runner, p.backends))
 
     def op_level(self, tuner, p: Problem) -> OpLevel:
         raise NotImplementedError
@@ -96,6 +111,8 @@ class Exhaustive(Strategy):
     def op_level(self, tuner, p: Problem) -> OpLevel:
         todo = p.todo
         table = BoundaryTable(measure_boundaries(tuner.runner, p.backends))
+        self.say = tuner.say
+        ctx = self.context(tuner.runner, p)
         bar = Bar(self.progress and bool(todo)).start().task("measuring", len({c.key for c in todo}))
         seen: set = set()
 
@@ -112,10 +129,11 @@ class Exhaustive(Strategy):
         tuner.failures.add(zip(todo, ms))
         t_dp = time.perf_counter()
         try:
-            dp = solve(p.graph, p.cands, [cost_of[c.key] for c in p.cands], table.seconds)
+            dp = solve(p.graph, p.cands, [cost_of[c.key] for c in p.cands], table.seconds,
+                       overhead=ctx.overhead(p.graph) if ctx else None)
         except NoCoverError:
             dp = None
-        return OpLevel(dp, cost_of, table, time.perf_counter() - t_dp)
+        return OpLevel(dp, cost_of, table, time.perf_counter() - t_dp, context=ctx)
 
 
 class Guided(Strategy):
@@ -128,8 +146,8 @@ class Guided(Strategy):
     name = "guided"
 
     def __init__(self, cost_model: Any = "default", db_path=None, progress: bool = False,
-                 cfg: GuidedConfig | None = None):
-        super().__init__(progress)
+                 cfg: GuidedConfig | None = None, in_context: bool = True):
+        super().__init__(progress, in_context)
         self.spec = cost_model
         self.db_path = db_path
         self.cfg = cfg or GuidedConfig()
@@ -186,6 +204,8 @@ class Guided(Strategy):
         # (optimistic) until a plan uses it, and is then measured (all sizes) before re-planning
         self._bk = {b.name: b for b in p.backends}
         self.table = BoundaryTable(measure_boundaries(runner, p.backends, cached_only=True))
+        self.say = say
+        ctx = self.context(runner, p)
         t_dp = time.perf_counter()
         self._predict(self.cands + list(p.baselines))
         keys = [c.key for c in self.cands]
@@ -212,12 +232,13 @@ class Guided(Strategy):
             g = self.result = guided_op_level(
                 p.graph, self.cands, keys, [self._pred[k][0] for k in keys], [self._pred[k][1] for k in keys],
                 measure, self.table.seconds, self.cfg, known, say, plan_check=self._check_handoffs,
+                overhead=ctx.overhead(p.graph) if ctx else None,
             )
         finally:
             bar.close()
         self.cal = g.calibration
         cost_of = {c.key: g.measured.get(c.key) for c in p.todo if c.key in g.measured}
-        return OpLevel(g.dp, cost_of, self.table, time.perf_counter() - t_dp, budget_hit=g.budget_hit)
+        return OpLevel(g.dp, cost_of, self.table, time.perf_counter() - t_dp, budget_hit=g.budget_hit, context=ctx)
 
     def _check_handoffs(self, dp) -> bool:
         owner: dict[int, str] = {}

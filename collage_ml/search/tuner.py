@@ -119,10 +119,11 @@ class Tuner:
         if uncovered_nodes(graph, cands, {c.key: 1.0 for c in cands}):
             fallback = no_cover_reason(graph, cands, {c.key: 1.0 for c in cands}, None, backends)
             self.failures = FailureLog(graph)
-            cost_of, dp, table, dp_seconds = {}, None, None, 0.0
+            cost_of, dp, table, dp_seconds, context = {}, None, None, 0.0, None
         else:
             op = self.op_level(p)
             dp, cost_of, table, dp_seconds, budget_hit = op.dp, op.cost_of, op.table, op.dp_seconds, op.budget_hit
+            context = op.context
             fallback = None
             if dp is None:
                 fallback = no_cover_reason(graph, cands, cost_of, self.failures, backends)
@@ -176,7 +177,7 @@ class Tuner:
                                   "no backend supports the whole model"))
         if graph_level and region_names and dp is not None and results["op-level"].get("valid"):
             evo = _graph_level(runner, graph, dp_plan, backends, region_names, plans, results, p.ref,
-                               cost_of, table, evo_config, say, self.strategy)
+                               cost_of, table, evo_config, say, self.strategy, context)
             if evo.best is not None:
                 plans["graph-level"] = evo.best.plan
                 results["graph-level"] = {"valid": True, "median": evo.best.seconds}
@@ -247,6 +248,8 @@ class Tuner:
                  "measured_ms": pt.measured_ms}
                 for pt in placed.plan.partitions
             ],
+            dp_overhead_ms=dp.overhead_cost * 1e3 if dp is not None and context else None,
+            in_context_us={r.pop("backend"): r for r in context.rows()} if context else {},
             model_saved_to=info.get("saved_to") if info else None,
         )
         placed.report = report
@@ -285,6 +288,7 @@ def place(
     measure_budget: int | None = None,
     guided_config: GuidedConfig | None = None,
     stale_after_hours: float | None = None,
+    in_context: bool = True,
 ) -> PlaceResult:
     """Places ``graph`` on ``backends`` (default: the CPU default set). See the module docstring.
 
@@ -299,7 +303,7 @@ def place(
                       tolerance=tolerance, timeout=timeout, progress=progress, family=family, log=log,
                       graph_level=graph_level, evo_config=evo_config, cost_model=cost_model,
                       measure_budget=measure_budget, guided_config=guided_config,
-                      stale_after_hours=stale_after_hours)
+                      stale_after_hours=stale_after_hours, in_context=in_context)
     except (CollageError, ValueError, KeyboardInterrupt):
         raise
     except Exception as e:
@@ -307,7 +311,8 @@ def place(
 
 
 def _place(graph, backends, mode, db, *, max_region_size, threads, timing, tolerance, timeout, progress, family, log,
-           graph_level, evo_config, cost_model, measure_budget, guided_config, stale_after_hours) -> PlaceResult:
+           graph_level, evo_config, cost_model, measure_budget, guided_config, stale_after_hours,
+           in_context=True) -> PlaceResult:
     if mode not in MODES:
         raise CollageError(f"unknown mode {mode!r}; available: {', '.join(MODES)}")
     if max_region_size < 1:
@@ -338,9 +343,9 @@ def _place(graph, backends, mode, db, *, max_region_size, threads, timing, toler
             if mode == "guided":
                 cfg = replace(guided_config or GuidedConfig(),
                               **({} if measure_budget is None else {"measure_budget": measure_budget}))
-                strategy: Strategy = Guided(cost_model, getattr(database, "path", None), progress, cfg)
+                strategy: Strategy = Guided(cost_model, getattr(database, "path", None), progress, cfg, in_context)
             else:
-                strategy = Exhaustive(progress)
+                strategy = Exhaustive(progress, in_context)
             tuner = Tuner(runner, strategy, log=say)
             return tuner.place(Problem(graph, backends, cands, baselines, todo, ref), family=family,
                                tolerance=tolerance, graph_level=graph_level, evo_config=evo_config, t_start=t_start)
@@ -360,7 +365,7 @@ def _fallback_baselines(graph: Graph, backends: Sequence[Backend], have: Sequenc
 
 
 def _graph_level(runner, graph, dp_plan, backends, region_names, plans, results, ref, cost_of, table,
-                 config, say, strategy: Strategy):
+                 config, say, strategy: Strategy, context=None):
     """Runs the evolutionary search seeded with the already measured plans."""
     by_name = {b.name: b for b in backends}
     known = {plans[k].canonical(): ((v["median"] if v.get("valid") else None), v.get("error_text", ""))
@@ -390,6 +395,8 @@ def _graph_level(runner, graph, dp_plan, backends, region_names, plans, results,
                 # not measured as one piece: the sum of its op-level groups' costs, on any backend
                 cost = sum((g.measured_ms or 0.0) / 1e3 for g in dp_plan.partitions if not g.mask & ~p.mask)
             total += cost
+            if context and len(plan.partitions) > 1:
+                total += context.partition_seconds(graph, p.backend, sg)
             for t in sg.inputs:
                 if t in graph.producer and owner[graph.producer[t]] != k:
                     src = plan.partitions[owner[graph.producer[t]]].backend

@@ -305,10 +305,12 @@ def calibrate(
     unless ``db`` has it already; returns {backend: {probe: seconds, or None where it cannot run}}.
 
     Users who prepare a machine run it once; the results are stored in ``db`` (default: the per-user
-    database) under this machine's fingerprint and the current measurement protocol.
+    database) under this machine's fingerprint and the current measurement protocol. The backends' in-context
+    costs (``measure.context``, what a partition pays inside a plan) are measured and stored with them.
     """
     from collage_ml.backends import resolve_backends
     from collage_ml.db import Database, default_db_path
+    from collage_ml.measure.context import ContextTable, measure_context
     from collage_ml.measure.probes import ensure_probes
     from collage_ml.measure.runner import Runner
 
@@ -319,7 +321,13 @@ def calibrate(
     database = Database(default_db_path() if db is None else db) if own else db
     try:
         with Runner(db=database, threads=threads) as r:
-            return ensure_probes(r, bs, progress=progress, say=say)
+            probes = ensure_probes(r, bs, progress=progress, say=say)
+            table = ContextTable(measure_context(r, bs))
+            if say is not None:
+                for row in table.rows():
+                    say(f"in context, {row.pop('backend')}: "
+                        + ", ".join(f"{k.removesuffix('_us')} of constants +{v:.1f} us" for k, v in row.items()))
+            return probes
     finally:
         if own:
             database.close()

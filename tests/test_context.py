@@ -7,6 +7,7 @@ from collage_ml.candidates import Candidate
 from collage_ml.db import Database
 from collage_ml.ir import from_onnx
 from collage_ml.measure.boundary import BoundaryTable
+from collage_ml.measure import context
 from collage_ml.measure.context import ContextTable, context_key, copies_for, measure_context
 from collage_ml.measure.records import BoundaryCost, boundary_key
 from collage_ml.measure.runner import Runner
@@ -39,7 +40,7 @@ def test_context_records_and_hand_offs_share_the_table_but_not_the_lookups():
 
 
 def test_copies_leave_the_cache_at_every_size():
-    assert copies_for(0) == 32 and copies_for(262144) == 32
+    assert copies_for(0) == 256 and copies_for(262144) == 32
     assert copies_for(1 << 20) == 8 and copies_for(4 << 20) == 4 and copies_for(1 << 30) == 4
 
 
@@ -47,7 +48,13 @@ def _chain():
     return from_onnx(chain_model(width=64))  # MatMul(W 64x64) -> Relu -> Add(b) -> Sigmoid, Tanh -> Mul
 
 
-def test_dp_charges_each_partition_but_not_the_whole_model():
+@pytest.fixture
+def charged(monkeypatch):
+    """Charge models of any size (the chain's 16 KiB of weights are under MIN_MODEL_BYTES)."""
+    monkeypatch.setattr(context, "MIN_MODEL_BYTES", 0)
+
+
+def test_dp_charges_each_partition_but_not_the_whole_model(charged):
     g = _chain()
     n = len(g)
     parts = [Candidate(g.subgraph([i]), A) for i in range(n)]
@@ -69,13 +76,22 @@ def test_dp_charges_each_partition_but_not_the_whole_model():
     assert dp.per_candidate == [1.0] * n  # the costs given, without the overhead
 
 
-def test_overhead_grows_with_the_partitions_constants():
+def test_overhead_grows_with_the_partitions_constants(charged):
     g = _chain()
     t = ContextTable([rec(A, 0, 0.0), rec(A, 64 * 64 * 4, 1.0)])
     mm = Candidate(g.subgraph([0]), A)  # holds W: 16 KiB
     relu = Candidate(g.subgraph([1]), A)  # no constants
     f = t.overhead(g)
     assert f(mm) == pytest.approx(1.0) and f(relu) == 0.0
+
+
+def test_a_model_smaller_than_the_rotations_is_not_charged():
+    g = _chain()
+    assert sum(g.tensors[t].nbytes for t in g.initializers) < context.MIN_MODEL_BYTES
+    t = ContextTable([rec(A, 0, 1.0), rec(A, 1 << 20, 1.0)])
+    assert t.overhead(g)(Candidate(g.subgraph([0]), A)) == 0.0
+    big = from_onnx(chain_model(width=1024))  # 4 MiB of MatMul weights
+    assert t.overhead(big)(Candidate(big.subgraph([0]), A)) == pytest.approx(1.0)
 
 
 def test_measured_once_per_machine_and_backend_then_read(tmp_path):

@@ -16,8 +16,13 @@ call finds its own constants and state evicted by the others; the same number of
 calls of one copy gives the alone time. The in-context cost is the rotation's
 median minus the alone median, per call, at four constant sizes:
 
-- 0 bytes: one Relu on a ``[1, 256]`` tensor, the cost of a cold call;
-- 256 KiB, 1 MiB and 4 MiB: a MatMul ``[1, n] x [n, n]`` with ``n`` = 256, 512, 1024.
+- 0 bytes: one Relu on a ``[1, 256]`` tensor, the cost of a cold call (256 copies: a session's own state is
+  small, and 32 copies of it stay in the cache);
+- 256 KiB, 1 MiB and 4 MiB: a MatMul ``[1, n] x [n, n]`` with ``n`` = 256, 512, 1024 (at least 8 MiB of
+  copies in all).
+
+A backend that compiles slowly (Inductor) stops adding copies after :data:`COMPILE_BUDGET` seconds; the
+record's ``extra.copies`` says how many it rotated.
 
 Past the cache, the alone time already streams the weights, so the cost stops
 growing with size; :class:`ContextTable` interpolates linearly in bytes and
@@ -31,12 +36,15 @@ hand-off record names a tensor shape there, so the two never meet:
 export and keep their first settled row as boundary costs do.
 
 The op-level DP adds ``ContextTable.overhead`` to every candidate except the
-whole model, whose measurement is already in context.
+whole model, whose measurement is already in context, in models with at least
+:data:`MIN_MODEL_BYTES` of constants (one inference streams them all, so
+whatever the plan, each partition's state is gone by its next call).
 """
 
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass, field, replace
 from typing import Callable, Iterable, Sequence
 
@@ -52,6 +60,13 @@ CONTEXT_SIZES = (0, 262144, 1048576, 4194304)
 #: bytes of constants the copies of one size hold together (enough to leave any core's L2)
 ROTATION_BYTES = 8 << 20
 MIN_COPIES, MAX_COPIES = 4, 32
+#: copies of the weightless Relu: one session's state is small, so it takes many to leave the cache
+CALL_COPIES = 256
+#: seconds of compiling copies after which a rotation makes do with the copies it has (at least MIN_COPIES)
+COMPILE_BUDGET = 10.0
+#: a model whose constants are fewer bytes than this is not charged: its partitions may share the cache
+#: between calls, and no rotation here has shown what they pay then
+MIN_MODEL_BYTES = 4 << 20
 #: seconds per timing phase (alone, then rotating)
 CONTEXT_TIME_CAP = 0.5
 
@@ -59,7 +74,7 @@ CONTEXT_TIME_CAP = 0.5
 def copies_for(nbytes: int) -> int:
     """How many compiled copies a rotation at ``nbytes`` of constants uses."""
     if nbytes <= 0:
-        return MAX_COPIES
+        return CALL_COPIES
     return max(MIN_COPIES, min(MAX_COPIES, math.ceil(ROTATION_BYTES / nbytes)))
 
 
@@ -106,7 +121,10 @@ class ContextTask:
         try:
             b = build_backend(self.backend)
             exes, n = [], 256
+            t0 = time.perf_counter()
             for k in range(self.copies):
+                if k >= MIN_COPIES and time.perf_counter() - t0 > COMPILE_BUDGET:
+                    break  # a slow compiler (Inductor): the rotation makes do, and says how many it had
                 g, n = _graph(self.nbytes, seed=k)
                 exe = b.compile(g.whole(), threads=self.threads)
                 exes.append((exe, g))
@@ -180,10 +198,15 @@ class ContextTable:
 
     def partition_seconds(self, graph, backend: str, sg) -> float:
         """What a partition ``sg`` of ``graph`` on ``backend`` pays in a plan: 0 for the whole model, which was
-        timed in context already."""
-        if sg.mask == graph.all_mask:
+        timed in context already, and for every partition of a model with under :data:`MIN_MODEL_BYTES` of
+        constants."""
+        if sg.mask == graph.all_mask or not self.charges(graph):
             return 0.0
         return self.seconds(backend, sum(graph.tensors[t].nbytes for t in sg.constants))
+
+    @staticmethod
+    def charges(graph) -> bool:
+        return sum(graph.tensors[t].nbytes for t in graph.initializers) >= MIN_MODEL_BYTES
 
     def overhead(self, graph) -> Callable:
         """The DP's per-candidate overhead for ``graph`` (:meth:`partition_seconds`)."""

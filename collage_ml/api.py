@@ -326,7 +326,9 @@ def calibrate(
             if say is not None:
                 for row in table.rows():
                     say(f"in context, {row.pop('backend')}: "
-                        + ", ".join(f"{k.removesuffix('_us')} of constants +{v:.1f} us" for k, v in row.items()))
+                        + ", ".join(f"{k.removesuffix('_us').removeprefix('out')} of "
+                                    f"{'outputs' if k.startswith('out') else 'constants'} +{v:.1f} us"
+                                    for k, v in row.items()))
             return probes
     finally:
         if own:

@@ -8,7 +8,7 @@ from collage_ml.db import Database
 from collage_ml.ir import from_onnx
 from collage_ml.measure.boundary import BoundaryTable
 from collage_ml.measure import context
-from collage_ml.measure.context import ContextTable, context_key, copies_for, measure_context
+from collage_ml.measure.context import ContextTable, context_key, copies_for, measure_context, outputs_key
 from collage_ml.measure.records import BoundaryCost, boundary_key
 from collage_ml.measure.runner import Runner
 from collage_ml.search.dp import solve
@@ -30,6 +30,27 @@ def test_table_interpolates_in_bytes_and_holds_past_the_largest_size():
     assert t.seconds("fake-a", 10**9) == pytest.approx(2e-6)  # flat past 4000
     assert t.seconds("fake-b", 100) == 0.0  # only an invalid record: never measured
     assert t.seconds("nobody", 100) == 0.0
+
+
+def out(backend, nbytes, seconds):
+    return BoundaryCost(outputs_key(backend, nbytes), "hw", True, [seconds], seconds, 0.0)
+
+
+def test_output_memory_is_linear_from_zero_and_flat_past_the_largest_size():
+    t = ContextTable([out(A, 1000, 10e-6), out(A, 4000, 40e-6)])
+    assert t.output_seconds("fake-a", 0) == 0.0
+    assert t.output_seconds("fake-a", 500) == pytest.approx(5e-6)
+    assert t.output_seconds("fake-a", 2500) == pytest.approx(25e-6)
+    assert t.output_seconds("fake-a", 10**6) == pytest.approx(40e-6)
+    assert t.seconds("fake-a", 1000) == 0.0  # output records are not constants'
+    assert t.output_seconds("fake-b", 1000) == 0.0
+
+
+def test_a_partition_pays_for_its_constants_and_its_outputs(charged):
+    g = _chain()
+    t = ContextTable([rec(A, 0, 1.0), rec(A, 64 * 64 * 4, 2.0), out(A, 256, 0.5)])
+    mm = Candidate(g.subgraph([0]), A)  # 16 KiB of weights, one [1, 64] float output: 256 bytes
+    assert t.overhead(g)(mm) == pytest.approx(2.0 + 0.5)
 
 
 def test_context_records_and_hand_offs_share_the_table_but_not_the_lookups():
@@ -99,13 +120,14 @@ def test_measured_once_per_machine_and_backend_then_read(tmp_path):
     ort = resolve_backends("onnxruntime")
     sizes = (0, 262144)
     with Runner(db=db, threads=1) as r:
-        first = measure_context(r, ort, sizes=sizes)
-        assert [x.key.nbytes for x in first] == list(sizes)
+        first = measure_context(r, ort, sizes=sizes, output_sizes=(65536,))
+        assert [x.key.nbytes for x in first] == [*sizes, 65536]
         assert all(x.valid for x in first), [x.error_text for x in first]
         assert first[1].extra["copies"] == 32 and first[1].extra["alone"] > 0
-        assert len(db.boundaries()) == 2
-        again = measure_context(r, ort, sizes=sizes)
+        assert first[2].extra["ring"] == 64 and first[2].extra["dropped"] > 0
+        assert len(db.boundaries()) == 3
+        again = measure_context(r, ort, sizes=sizes, output_sizes=(65536,))
     assert [(x.median, x.timestamp) for x in again] == [(x.median, x.timestamp) for x in first]
     with Runner(db=db, threads=1) as r:
-        assert measure_context(r, ort, sizes=(0, 262144, 1 << 20), cached_only=True) == again
-    assert len(Database(tmp_path / "m.db").boundaries()) == 2
+        assert measure_context(r, ort, sizes=(0, 262144, 1 << 20), cached_only=True, output_sizes=(65536,)) == again
+    assert len(Database(tmp_path / "m.db").boundaries()) == 3

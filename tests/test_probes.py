@@ -61,10 +61,10 @@ def test_calibrate_command_prints_json(tmp_path, two_probes, capsys, monkeypatch
     assert set(out) == {"onnxruntime"} and set(out["onnxruntime"]) == set(two_probes)
     # the in-context costs were measured and stored with the probes, once per size
     from collage_ml.db import Database
-    from collage_ml.measure.context import CONTEXT_SIZES, is_context
+    from collage_ml.measure.context import CONTEXT_SIZES, OUTPUT_SIZES, is_context
 
     stored = [b for b in Database(tmp_path / "m.db").boundaries(valid=None) if is_context(b.key)]
-    assert sorted(b.key.nbytes for b in stored) == sorted(CONTEXT_SIZES)
+    assert sorted(b.key.nbytes for b in stored) == sorted(CONTEXT_SIZES + OUTPUT_SIZES)
     assert {b.key.first for b in stored} == {"onnxruntime"}
 
 

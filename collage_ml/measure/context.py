@@ -69,6 +69,10 @@ COMPILE_BUDGET = 10.0
 MIN_MODEL_BYTES = 4 << 20
 #: seconds per timing phase (alone, then rotating)
 CONTEXT_TIME_CAP = 0.5
+#: the ``tensor`` of an output-memory record
+OUTPUTS_TENSOR = "context:outputs/1"
+#: output bytes the output-memory cost is measured at (a Relu on [1, n]): 64 KiB, 256 KiB, 1 MiB, 4 MiB
+OUTPUT_SIZES = (65536, 262144, 1048576, 4194304)
 
 
 def copies_for(nbytes: int) -> int:
@@ -83,16 +87,20 @@ def context_key(backend, nbytes: int) -> BoundaryKey:
 
 
 def is_context(key: BoundaryKey) -> bool:
-    return key.tensor == CONTEXT_TENSOR
+    return key.tensor in (CONTEXT_TENSOR, OUTPUTS_TENSOR)
 
 
-def _graph(nbytes: int, seed: int):
+def outputs_key(backend, nbytes: int) -> BoundaryKey:
+    return BoundaryKey(backend.name, backend.version, backend.name, backend.version, int(nbytes), OUTPUTS_TENSOR)
+
+
+def _graph(nbytes: int, seed: int, numel: int = 256):
     from onnx import TensorProto, helper, numpy_helper
 
     from collage_ml.ir.importers import from_onnx
 
     if nbytes <= 0:
-        n = 256
+        n = numel
         nodes, inits = [helper.make_node("Relu", ["x"], ["y"])], []
     else:
         n = int(round(math.sqrt(nbytes / 4)))
@@ -151,10 +159,47 @@ class ContextTask:
             return {"valid": False, "error_text": describe(e)}
 
 
+
+@dataclass
+class OutputsTask:
+    """Times a Relu of ``nbytes`` as the protocol times a candidate (each output dropped before the next call,
+    so every call writes the same memory) and with a ring of its last outputs kept alive, as a plan keeps
+    its intermediates; the cost is the difference per call."""
+
+    backend: tuple[str, str, dict]
+    nbytes: int
+    threads: int
+    timing: TimingConfig = field(default_factory=TimingConfig)
+
+    def execute(self) -> dict:
+        from collections import deque
+
+        from collage_ml.backends.base import to_numpy
+        from collage_ml.measure.tasks import build_backend
+        from collage_ml.measure.timing import time_callable
+
+        try:
+            n = max(1, self.nbytes // 4)
+            g, _ = _graph(0, 0, numel=n)
+            exe = build_backend(self.backend).compile(g.whole(), threads=self.threads)
+            x = np.random.default_rng(0).standard_normal((1, n)).astype(np.float32)
+            if not np.array_equal(to_numpy(exe(x)[0]), np.maximum(x, 0)):
+                return {"valid": False, "error_text": "wrong numbers from the Relu"}
+            ring: deque = deque(maxlen=max(MIN_COPIES, min(64, math.ceil(ROTATION_BYTES / max(self.nbytes, 1)))))
+            dropped = time_callable(lambda: exe(x), self.timing)
+            kept = time_callable(lambda: ring.append(exe(x)), self.timing)
+            cost = kept.median - dropped.median
+            return {"valid": True, "samples": kept.samples, "median": max(cost, 0.0), "spread": kept.spread,
+                    "extra": {"dropped": dropped.median, "kept": kept.median, "ring": ring.maxlen, "raw": cost}}
+        except Exception as e:
+            return {"valid": False, "error_text": describe(e)}
+
+
 def measure_context(runner, backends: Sequence, sizes: Iterable[int] = CONTEXT_SIZES,
-                    cached_only: bool = False) -> list[BoundaryCost]:
-    """Measures (or reads from the runner's database) every backend's in-context cost at every size, committing
-    each new one; ``cached_only`` reads the database only."""
+                    cached_only: bool = False, output_sizes: Iterable[int] = OUTPUT_SIZES) -> list[BoundaryCost]:
+    """Measures (or reads from the runner's database) every backend's in-context costs, of constants at every
+    size in ``sizes`` and of output memory at every size in ``output_sizes``, committing each new one;
+    ``cached_only`` reads the database only."""
     out = []
     for b in backends:
         for nbytes in sizes:
@@ -168,6 +213,14 @@ def measure_context(runner, backends: Sequence, sizes: Iterable[int] = CONTEXT_S
             timing = replace(runner.timing, time_cap=min(runner.timing.time_cap, CONTEXT_TIME_CAP))
             task = ContextTask(b.spec(), int(nbytes), runner.threads, copies_for(nbytes), timing)
             out.append(run_record(runner, key, [b], task))
+        for nbytes in output_sizes:
+            key = outputs_key(b, nbytes)
+            cached = _stored(runner, key)
+            if cached is not None:
+                out.append(cached)
+            elif not cached_only:
+                timing = replace(runner.timing, time_cap=min(runner.timing.time_cap, CONTEXT_TIME_CAP))
+                out.append(run_record(runner, key, [b], OutputsTask(b.spec(), int(nbytes), runner.threads, timing)))
     return out
 
 
@@ -175,19 +228,31 @@ class ContextTable:
     """In-context cost lookup by (backend, constant bytes): linear in bytes, flat past the largest size."""
 
     def __init__(self, records: Iterable[BoundaryCost] = ()):
-        self.points: dict[str, list[tuple[int, float]]] = {}
+        self.points: dict[str, list[tuple[int, float]]] = {}  # constants
+        self.outputs: dict[str, list[tuple[int, float]]] = {}  # output memory
         self.add(records)
 
     def add(self, records: Iterable[BoundaryCost]) -> None:
         for r in records:
             if not isinstance(r, BoundaryCost) or not is_context(r.key) or not r.valid or r.median is None:
                 continue
-            self.points.setdefault(r.key.first, []).append((int(r.key.nbytes), float(r.median)))
-        for v in self.points.values():
-            v.sort()
+            into = self.points if r.key.tensor == CONTEXT_TENSOR else self.outputs
+            into.setdefault(r.key.first, []).append((int(r.key.nbytes), float(r.median)))
+        for d in (self.points, self.outputs):
+            for v in d.values():
+                v.sort()
 
     def __bool__(self) -> bool:
-        return bool(self.points)
+        return bool(self.points or self.outputs)
+
+    def output_seconds(self, backend: str, nbytes: int) -> float:
+        """Seconds a partition of ``backend`` pays in a plan for writing ``nbytes`` of outputs to memory the cache
+        does not hold: linear in bytes from 0, flat past the largest size (where an output leaves the cache even
+        when the protocol reuses its memory); 0 if never measured."""
+        pts = self.outputs.get(backend)
+        if not pts or nbytes <= 0:
+            return 0.0
+        return float(np.interp(nbytes, [0] + [p[0] for p in pts], [0.0] + [p[1] for p in pts]))
 
     def seconds(self, backend: str, nbytes: int) -> float:
         """Seconds a partition of ``backend`` with ``nbytes`` of constants pays in a plan; 0 if never measured."""
@@ -202,7 +267,8 @@ class ContextTable:
         constants."""
         if sg.mask == graph.all_mask or not self.charges(graph):
             return 0.0
-        return self.seconds(backend, sum(graph.tensors[t].nbytes for t in sg.constants))
+        return (self.seconds(backend, sum(graph.tensors[t].nbytes for t in sg.constants))
+                + self.output_seconds(backend, sum(graph.tensors[t].nbytes for t in sg.outputs)))
 
     @staticmethod
     def charges(graph) -> bool:
@@ -213,5 +279,7 @@ class ContextTable:
         return lambda c: self.partition_seconds(graph, c.backend.name, c.subgraph)
 
     def rows(self) -> list[dict]:
-        return [{"backend": b, **{f"{n // 1024}KiB_us": round(c * 1e6, 2) for n, c in pts}}
-                for b, pts in sorted(self.points.items())]
+        """Per backend: µs at each size of constants (``<KiB>KiB_us``) and of outputs (``out<KiB>KiB_us``)."""
+        return [{"backend": b, **{f"{n // 1024}KiB_us": round(c * 1e6, 2) for n, c in self.points.get(b, [])},
+                 **{f"out{n // 1024}KiB_us": round(c * 1e6, 2) for n, c in self.outputs.get(b, [])}}
+                for b in sorted(set(self.points) | set(self.outputs))]

@@ -59,6 +59,36 @@ def test_second_place_hits_the_cache(tmp_path):
     assert st["families"].get("dcgan", 0) > 0
 
 
+def test_in_context_costs_are_measured_once_charged_and_reported(tmp_path, monkeypatch):
+    from collage_ml.measure import context
+
+    db = tmp_path / "m.db"
+    kw = dict(backends="onnxruntime,torch", db=db, max_region_size=2, timing=FAST, graph_level=False)
+    # dcgan-tiny holds under MIN_MODEL_BYTES of weights: not charged, and nothing measured for it
+    small = collage_ml.place("dcgan-tiny", **kw)
+    assert small.report["in_context_us"] == {} and small.report["dp_overhead_ms"] is None
+    with Database(db) as d:
+        assert not any(context.is_context(b.key) for b in d.boundaries(valid=None))
+    monkeypatch.setattr(context, "MIN_MODEL_BYTES", 0)
+    said = []
+    rep = collage_ml.place("dcgan-tiny", log=said.append, **kw).report
+    assert set(rep["in_context_us"]) == {"onnxruntime", "torch"}
+    assert set(rep["in_context_us"]["onnxruntime"]) == {"0KiB_us", "256KiB_us", "1024KiB_us", "4096KiB_us",
+                                                         "out64KiB_us", "out256KiB_us", "out1024KiB_us",
+                                                         "out4096KiB_us"}
+    assert rep["dp_overhead_ms"] is not None and rep["dp_overhead_ms"] >= 0.0
+    # the charge is part of the DP's price: a one-partition plan (the whole model) pays none
+    if len(rep["op_level_plan"]["partitions"]) == 1:
+        assert rep["dp_overhead_ms"] == 0.0
+    assert any("inside a plan" in line for line in said)
+    # stored once: the next placement reads them, says nothing, and in_context=False leaves them out
+    said.clear()
+    again = collage_ml.place("dcgan-tiny", log=said.append, **kw).report
+    assert again["in_context_us"] == rep["in_context_us"] and not any("inside a plan" in x for x in said)
+    off = collage_ml.place("dcgan-tiny", in_context=False, **kw).report
+    assert off["in_context_us"] == {} and off["dp_overhead_ms"] is None
+
+
 def test_stale_hits_are_rescaled_in_a_placement_and_the_cli_says_so(tmp_path, capsys):
     """``--stale-after``: a placement on a day-old cache times a few hits per backend again, and reports the drift
     it rescaled the stale ones by; without it the cache is used as stored."""

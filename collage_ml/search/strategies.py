@@ -71,9 +71,9 @@ class Strategy:
 
     def context(self, runner, p: Problem) -> ContextTable | None:
         """Every backend's in-context cost (:mod:`collage_ml.measure.context`), measured once per machine and
-        read from the database after that; None when ``in_context`` is off."""
-        if not self.in_context:
-            return None
+        read from the database after that; None when ``in_context`` is off or the model is not charged."""
+        if not self.in_context or not ContextTable.charges(p.graph):
+            return None  # off, or a model too small to be charged: nothing to measure
         have = {(r.key.first, r.key.nbytes) for r in measure_context(runner, p.backends, cached_only=True)}
         todo = [b.name for b in p.backends if any((b.name, n) not in have for n in CONTEXT_SIZES)]
         if todo and self.say is not None:

@@ -94,6 +94,9 @@ def test_members_must_be_registered_kinds_and_not_blends(fitted, tmp_path):
         create_model("blend", members=["xgb", "blend"])
     with pytest.raises(ValueError, match="two or more"):
         create_model("blend", members=["xgb"])
+    # an unknown parameter is named, as for every kind (models.base.check_params)
+    with pytest.raises(ValueError, match="unknown BlendCostModel parameter.*memebrs.*known: members"):
+        create_model("blend", memebrs=["xgb", "gnn"])
     d = fitted.save(tmp_path / "blend")
     meta = json.loads((d / "meta.json").read_text())
     meta["params"]["members"] = ["xgb", "os:system"]  # a file names a module: refused, never imported

@@ -277,5 +277,5 @@ def test_uncertainty(fitted, transformers):
 
 
 def test_rejects_unknown_params():
-    with pytest.raises(TypeError, match="max_dpeth"):
+    with pytest.raises(ValueError, match="unknown XGBCostModel parameter.*max_dpeth.*known: "):
         XGBCostModel(max_dpeth=3)

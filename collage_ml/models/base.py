@@ -27,7 +27,7 @@ import time
 import warnings
 from abc import ABC, abstractmethod
 from pathlib import Path
-from typing import Any, ClassVar, Sequence
+from typing import Any, ClassVar, Mapping, Sequence
 
 import numpy as np
 
@@ -252,6 +252,13 @@ def model_class(kind: str) -> type[CostModel]:
         raise ArtifactError(f"unknown cost-model kind {kind!r}; known kinds: {', '.join(sorted(KINDS))}")
     mod, cls = KINDS[kind].split(":")
     return getattr(importlib.import_module(mod), cls)
+
+
+def check_params(owner: str, params: Mapping[str, Any], defaults: Mapping[str, Any]) -> None:
+    """ValueError naming every parameter of ``params`` that ``owner`` (a cost model's class) does not have."""
+    unknown = set(params) - set(defaults)
+    if unknown:
+        raise ValueError(f"unknown {owner} parameter(s): {', '.join(sorted(unknown))}; known: {', '.join(defaults)}")
 
 
 def create_model(kind: str, **params: Any) -> CostModel:

@@ -29,7 +29,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from collage_ml.models.base import KINDS, ArtifactError, CostModel, create_model, load_model
+from collage_ml.models.base import KINDS, ArtifactError, CostModel, check_params, create_model, load_model
 from collage_ml.models.dataset import Dataset, Sample
 
 DEFAULTS: dict[str, Any] = {"members": ["xgb", "gnn"], "member_params": {}}
@@ -42,9 +42,7 @@ class BlendCostModel(CostModel):
     kind = "blend"
 
     def __init__(self, **params: Any):
-        unknown = set(params) - set(DEFAULTS)
-        if unknown:
-            raise TypeError(f"unknown BlendCostModel parameter(s): {', '.join(sorted(unknown))}")
+        check_params("BlendCostModel", params, DEFAULTS)
         super().__init__(**{**DEFAULTS, **params})
         kinds = self.params["members"]
         if not isinstance(kinds, list) or len(kinds) < 2 or not all(isinstance(k, str) for k in kinds):

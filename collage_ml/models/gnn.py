@@ -113,7 +113,7 @@ import numpy as np
 from collage_ml.errors import describe
 from collage_ml.featurize.graph import GLOBAL_FEATURES, HW_VECTOR, NODE_FEATURES, EncodedSamples as _Encoded
 from collage_ml.featurize.schema import N_BACKENDS, backend_slot
-from collage_ml.models.base import ArtifactError, CostModel
+from collage_ml.models.base import ArtifactError, CostModel, check_params
 from collage_ml.models.dataset import Dataset, Sample
 
 STATE = "state_dict.pt"
@@ -284,9 +284,7 @@ class GNNCostModel(CostModel):
     kind = "gnn"
 
     def __init__(self, **params: Any):
-        unknown = set(params) - set(DEFAULTS)
-        if unknown:
-            raise ValueError(f"unknown GNN parameters: {', '.join(sorted(unknown))}; known: {', '.join(DEFAULTS)}")
+        check_params("GNNCostModel", params, DEFAULTS)
         super().__init__(**{**DEFAULTS, **params})
         if self.params["conv"] not in CONVS:
             raise ValueError(f"unknown conv {self.params['conv']!r}; choose one of {', '.join(CONVS)}")

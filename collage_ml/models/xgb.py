@@ -112,7 +112,7 @@ import numpy as np
 import xgboost as xgb
 
 from collage_ml.featurize.flat import FEATURES, ROOF_EST, flat_matrix, machine_log_estimates
-from collage_ml.models.base import ArtifactError, CostModel
+from collage_ml.models.base import ArtifactError, CostModel, check_params
 from collage_ml.models.dataset import Dataset, Sample
 
 #: Defaults, chosen on datasets/cpu-2core-zen4 (10,121 samples) holding out the families {bert, nasrnn, dcgan},
@@ -155,9 +155,7 @@ class XGBCostModel(CostModel):
     kind = "xgb"
 
     def __init__(self, **params: Any):
-        unknown = set(params) - set(DEFAULTS)
-        if unknown:
-            raise TypeError(f"unknown XGBCostModel parameter(s): {', '.join(sorted(unknown))}")
+        check_params("XGBCostModel", params, DEFAULTS)
         super().__init__(**{**DEFAULTS, **params})
         if int(self.params["n_members"]) < 1:
             raise ValueError("n_members must be at least 1")

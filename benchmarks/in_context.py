@@ -23,16 +23,7 @@ from rich.table import Table
 
 from collage_ml.backends import resolve_backends
 from collage_ml.ir.importers import from_onnx, zoo_onnx
-from collage_ml.measure.context import (
-    CONTEXT_SIZES,
-    OUTPUT_SIZES,
-    ContextTable,
-    ContextTask,
-    OutputsTask,
-    context_key,
-    copies_for,
-    outputs_key,
-)
+from collage_ml.measure.context import ContextTable, context_tasks
 from collage_ml.measure.hardware import hardware_info
 from collage_ml.measure.records import BoundaryCost
 from collage_ml.measure.timing import TimingConfig, time_callable
@@ -41,11 +32,7 @@ from collage_ml.plan import Partition, Plan
 
 def context_table(backend, threads: int) -> ContextTable:
     recs = []
-    tasks = [(context_key(backend, n), ContextTask(backend.spec(), n, threads, copies_for(n), TimingConfig(time_cap=0.5)))
-             for n in CONTEXT_SIZES]
-    tasks += [(outputs_key(backend, n), OutputsTask(backend.spec(), n, threads, TimingConfig(time_cap=0.5)))
-              for n in OUTPUT_SIZES]
-    for key, task in tasks:
+    for key, task in context_tasks(backend, threads, TimingConfig(time_cap=0.5)):
         r = task.execute()
         if not r.get("valid"):
             raise SystemExit(f"{backend.name}: in-context measurement failed: {r.get('error_text')}")

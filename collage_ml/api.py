@@ -322,13 +322,9 @@ def calibrate(
     try:
         with Runner(db=database, threads=threads) as r:
             probes = ensure_probes(r, bs, progress=progress, say=say)
-            table = ContextTable(measure_context(r, bs))
-            if say is not None:
-                for row in table.rows():
-                    say(f"in context, {row.pop('backend')}: "
-                        + ", ".join(f"{k.removesuffix('_us').removeprefix('out')} of "
-                                    f"{'outputs' if k.startswith('out') else 'constants'} +{v:.1f} us"
-                                    for k, v in row.items()))
+            table = ContextTable(measure_context(r, bs, say=say))
+            for line in table.describe() if say is not None else ():
+                say(line)
             return probes
     finally:
         if own:

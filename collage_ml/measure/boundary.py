@@ -26,9 +26,8 @@ from collage_ml.cost import Measurement
 from collage_ml.errors import describe
 from collage_ml.measure.records import BoundaryCost, boundary_from_legacy, boundary_key
 
-#: the ``tensor`` of an in-context record (:mod:`collage_ml.measure.context`), which shares the table; the
-#: number is the rotation's design version: records of another one are not read as in-context costs
-CONTEXT_TENSOR = "context:rotation/2"
+#: how the ``tensor`` of an in-context record (:mod:`collage_ml.measure.context`), which shares the table, begins
+CONTEXT_PREFIX = "context:"
 from collage_ml.measure.timing import TimingConfig
 
 #: tensor sizes the table is measured at (float32 elements): 1 KiB, 64 KiB, 1 MiB, 4 MiB
@@ -147,7 +146,7 @@ class BoundaryTable:
         any other measurement is ignored."""
         for r in records:
             b = boundary_from_legacy(r) if isinstance(r, Measurement) else r
-            if b is None or not b.valid or b.median is None or b.key.tensor.startswith("context:"):
+            if b is None or not b.valid or b.median is None or b.key.tensor.startswith(CONTEXT_PREFIX):
                 continue
             self.points.setdefault(b.key.pair, []).append((int(b.key.nbytes), float(b.median)))
         for v in self.points.values():

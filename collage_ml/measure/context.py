@@ -51,7 +51,7 @@ from typing import Callable, Iterable, Sequence
 import numpy as np
 
 from collage_ml.errors import describe
-from collage_ml.measure.boundary import CONTEXT_TENSOR, _stored, run_record
+from collage_ml.measure.boundary import CONTEXT_PREFIX, _stored, run_record
 from collage_ml.measure.records import BoundaryCost, BoundaryKey
 from collage_ml.measure.timing import TimingConfig
 
@@ -69,8 +69,10 @@ COMPILE_BUDGET = 10.0
 MIN_MODEL_BYTES = 4 << 20
 #: seconds per timing phase (alone, then rotating)
 CONTEXT_TIME_CAP = 0.5
-#: the ``tensor`` of an output-memory record
-OUTPUTS_TENSOR = "context:outputs/1"
+#: the ``tensor`` of a constants record and of an output-memory record; the number is the design's version:
+#: records of another one are not read as in-context costs
+CONTEXT_TENSOR = CONTEXT_PREFIX + "rotation/2"
+OUTPUTS_TENSOR = CONTEXT_PREFIX + "outputs/1"
 #: output bytes the output-memory cost is measured at (a Relu on [1, n]): 64 KiB, 256 KiB, 1 MiB, 4 MiB
 OUTPUT_SIZES = (65536, 262144, 1048576, 4194304)
 
@@ -195,32 +197,35 @@ class OutputsTask:
             return {"valid": False, "error_text": describe(e)}
 
 
+def context_tasks(backend, threads: int, timing: TimingConfig, sizes: Iterable[int] = CONTEXT_SIZES,
+                  output_sizes: Iterable[int] = OUTPUT_SIZES) -> list[tuple[BoundaryKey, object]]:
+    """(record key, task) for each of ``backend``'s in-context costs: constants at every size in ``sizes``,
+    output memory at every size in ``output_sizes``."""
+    spec = backend.spec()
+    return ([(context_key(backend, n), ContextTask(spec, int(n), threads, copies_for(n), timing)) for n in sizes]
+            + [(outputs_key(backend, n), OutputsTask(spec, int(n), threads, timing)) for n in output_sizes])
+
+
 def measure_context(runner, backends: Sequence, sizes: Iterable[int] = CONTEXT_SIZES,
-                    cached_only: bool = False, output_sizes: Iterable[int] = OUTPUT_SIZES) -> list[BoundaryCost]:
-    """Measures (or reads from the runner's database) every backend's in-context costs, of constants at every
-    size in ``sizes`` and of output memory at every size in ``output_sizes``, committing each new one;
-    ``cached_only`` reads the database only."""
+                    cached_only: bool = False, output_sizes: Iterable[int] = OUTPUT_SIZES,
+                    say: Callable[[str], None] | None = None) -> list[BoundaryCost]:
+    """Measures (or reads from the runner's database) every backend's in-context costs (:func:`context_tasks`),
+    committing each new one; ``cached_only`` reads the database only. ``say`` hears a line for each backend
+    before its first new measurement."""
+    timing = replace(runner.timing, time_cap=min(runner.timing.time_cap, CONTEXT_TIME_CAP))
+    sizes, output_sizes = tuple(sizes), tuple(output_sizes)
     out = []
     for b in backends:
-        for nbytes in sizes:
-            key = context_key(b, nbytes)
-            cached = _stored(runner, key)
-            if cached is not None:
-                out.append(cached)
-                continue
-            if cached_only:
-                continue
-            timing = replace(runner.timing, time_cap=min(runner.timing.time_cap, CONTEXT_TIME_CAP))
-            task = ContextTask(b.spec(), int(nbytes), runner.threads, copies_for(nbytes), timing)
-            out.append(run_record(runner, key, [b], task))
-        for nbytes in output_sizes:
-            key = outputs_key(b, nbytes)
+        announced = False
+        for key, task in context_tasks(b, runner.threads, timing, sizes, output_sizes):
             cached = _stored(runner, key)
             if cached is not None:
                 out.append(cached)
             elif not cached_only:
-                timing = replace(runner.timing, time_cap=min(runner.timing.time_cap, CONTEXT_TIME_CAP))
-                out.append(run_record(runner, key, [b], OutputsTask(b.spec(), int(nbytes), runner.threads, timing)))
+                if say is not None and not announced:
+                    say(f"measuring what a partition pays inside a plan on {b.name} (once per machine)")
+                    announced = True
+                out.append(run_record(runner, key, [b], task))
     return out
 
 
@@ -265,18 +270,33 @@ class ContextTable:
         """What a partition ``sg`` of ``graph`` on ``backend`` pays in a plan: 0 for the whole model, which was
         timed in context already, and for every partition of a model with under :data:`MIN_MODEL_BYTES` of
         constants."""
-        if sg.mask == graph.all_mask or not self.charges(graph):
+        return self._charge(graph, backend, sg) if self.charges(graph) else 0.0
+
+    def _charge(self, graph, backend: str, sg) -> float:
+        if sg.mask == graph.all_mask:
             return 0.0
         return (self.seconds(backend, sum(graph.tensors[t].nbytes for t in sg.constants))
                 + self.output_seconds(backend, sum(graph.tensors[t].nbytes for t in sg.outputs)))
 
     @staticmethod
     def charges(graph) -> bool:
-        return sum(graph.tensors[t].nbytes for t in graph.initializers) >= MIN_MODEL_BYTES
+        return graph.param_bytes() >= MIN_MODEL_BYTES
 
     def overhead(self, graph) -> Callable:
-        """The DP's per-candidate overhead for ``graph`` (:meth:`partition_seconds`)."""
-        return lambda c: self.partition_seconds(graph, c.backend.name, c.subgraph)
+        """The DP's per-candidate overhead for ``graph`` (:meth:`partition_seconds`; the model's size is
+        checked once, not per candidate)."""
+        if not self.charges(graph):
+            return lambda c: 0.0
+        return lambda c: self._charge(graph, c.backend.name, c.subgraph)
+
+    def describe(self) -> list[str]:
+        """One line per backend: the in-context cost at each size measured, in µs."""
+        def part(pts, what):
+            return [f"{n // 1024} KiB of {what} +{c * 1e6:.1f} us" for n, c in pts]
+
+        return [f"in context, {b}: " + ", ".join(part(self.points.get(b, []), "constants")
+                                                  + part(self.outputs.get(b, []), "outputs"))
+                for b in sorted(set(self.points) | set(self.outputs))]
 
     def rows(self) -> list[dict]:
         """Per backend: µs at each size of constants (``<KiB>KiB_us``) and of outputs (``out<KiB>KiB_us``)."""

@@ -27,7 +27,7 @@ from typing import Any, Callable
 
 from collage_ml.candidates import Candidate
 from collage_ml.measure.boundary import BoundaryTable, measure_boundaries
-from collage_ml.measure.context import CONTEXT_SIZES, ContextTable, measure_context
+from collage_ml.measure.context import ContextTable, measure_context
 from collage_ml.search.dp import DPResult, NoCoverError, solve
 from collage_ml.search.evolutionary import EvoConfig
 from collage_ml.search.guided import GuidedConfig, GuidedResult, guided_op_level
@@ -67,18 +67,13 @@ class Strategy:
     def __init__(self, progress: bool = False, in_context: bool = True):
         self.progress = progress
         self.in_context = in_context
-        self.say: Callable[[str], None] | None = None
 
-    def context(self, runner, p: Problem) -> ContextTable | None:
+    def context(self, runner, p: Problem, say: Callable[[str], None] | None = None) -> ContextTable | None:
         """Every backend's in-context cost (:mod:`collage_ml.measure.context`), measured once per machine and
         read from the database after that; None when ``in_context`` is off or the model is not charged."""
         if not self.in_context or not ContextTable.charges(p.graph):
             return None  # off, or a model too small to be charged: nothing to measure
-        have = {(r.key.first, r.key.nbytes) for r in measure_context(runner, p.backends, cached_only=True)}
-        todo = [b.name for b in p.backends if any((b.name, n) not in have for n in CONTEXT_SIZES)]
-        if todo and self.say is not None:
-            self.say(f"measuring what a partition pays inside a plan on {', '.join(todo)} (once per machine)")
-        return ContextTable(measure_context(runner, p.backends))
+        return ContextTable(measure_context(runner, p.backends, say=say))
 
     def op_level(self, tuner, p: Problem) -> OpLevel:
         raise NotImplementedError
@@ -111,8 +106,7 @@ class Exhaustive(Strategy):
     def op_level(self, tuner, p: Problem) -> OpLevel:
         todo = p.todo
         table = BoundaryTable(measure_boundaries(tuner.runner, p.backends))
-        self.say = tuner.say
-        ctx = self.context(tuner.runner, p)
+        ctx = self.context(tuner.runner, p, tuner.say)
         bar = Bar(self.progress and bool(todo)).start().task("measuring", len({c.key for c in todo}))
         seen: set = set()
 
@@ -204,8 +198,7 @@ class Guided(Strategy):
         # (optimistic) until a plan uses it, and is then measured (all sizes) before re-planning
         self._bk = {b.name: b for b in p.backends}
         self.table = BoundaryTable(measure_boundaries(runner, p.backends, cached_only=True))
-        self.say = say
-        ctx = self.context(runner, p)
+        ctx = self.context(runner, p, say)
         t_dp = time.perf_counter()
         self._predict(self.cands + list(p.baselines))
         keys = [c.key for c in self.cands]

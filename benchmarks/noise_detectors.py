@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/noise_detectors.py [--seconds 180] [--json benchmarks/results/noise_detectors.json]
 
 On the 2-vCPU VMs, a 2-thread kernel has slow episodes that last seconds while
-1-thread kernels stay steady (README, "Noise"). If something a process can read
+1-thread kernels stay steady (docs/results/noise.md). If something a process can read
 cheaply tells a slow moment from a fast one, the protocol can re-time a window
 taken in a slow moment instead of averaging over it. This times, every
 ``--spacing`` seconds in one process:

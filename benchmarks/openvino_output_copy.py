@@ -9,7 +9,7 @@ array), timed side by side in three alternating rounds of 0.5 s. Prints each
 kernel's median for both variants and the geometric mean of new/old. "new" is
 ``OpenVinoExecutable.__call__``: outputs of ``ZERO_COPY_MIN_BYTES`` or more
 are written in place, smaller ones copied (writing every output in place cost
-2-25 us per call on tiny kernels). Numbers: README, "More kernel libraries".
+2-25 us per call on tiny kernels). Numbers: docs/results/placement.md, "More kernel libraries".
 """
 
 import math

@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/plan_picture.py [--model mobilenetv2-tiny] [--backends onnxruntime,openvino,torch] \\
         [--db .cache/plan-picture.db] [--svg docs/placed-example.svg] [--out DIR]
 
-On this CPU placement keeps every zoo model on one backend (README, "Results":
+On this CPU placement keeps every zoo model on one backend (docs/results/placement.md:
 fusion inside one runtime beats any per-subgraph mix), so the chosen plan is a
 single cluster. To show
 what a mixed plan looks like, this script places the model, then *forces* a mix:

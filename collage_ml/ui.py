@@ -177,7 +177,7 @@ def _rich_progress(stderr: bool, rate: bool, eta: bool, transient: bool):
     kw = {"console": Console(stderr=True)} if stderr else {}
     # drawn by Bar when it changes, never by a refresh thread: on a 2-core machine a bar redrawn 10 times a
     # second while a worker times a kernel is contention, and it turned a guided ResNet-50 placement that
-    # measures 2 candidates into one that measured 102-177 (README, "Noise")
+    # measures 2 candidates into one that measured 102-177 (README, "What it is")
     return Progress(*cols, transient=transient, auto_refresh=False, **kw)
 
 

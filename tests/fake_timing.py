@@ -2,7 +2,7 @@
 
 ``ModedFixture(counter=PATH, fast_us=..., slow_us=...)`` runs onnxruntime, then busy-waits so that each call
 takes about ``slow_us`` in the first worker process that compiles with it, ``fast_us`` in the second, slow in
-the third, and so on: the per-process modes the protocol must see through (README, "Noise"). The process's
+the third, and so on: the per-process modes the protocol must see through (docs/results/noise.md). The process's
 index comes from a counter file shared by the workers. Never registered for users.
 """
 

@@ -117,7 +117,7 @@ def test_a_reused_whole_model_timing_gets_a_wider_margin():
         asked.append(sorted(contenders))
         return {k: {"valid": True, "median": 1.0} for k in contenders}
 
-    assert HEAD_TO_HEAD_REUSED_MARGIN >= 0.7  # slow periods read kernels up to about 1.7x slower (README, "Noise")
+    assert HEAD_TO_HEAD_REUSED_MARGIN >= 0.7  # slow periods read kernels up to about 1.7x slower (docs/results/noise.md)
     valid = {"op-level": {"valid": True, "median": 1.0}, "all-a": {"valid": True, "median": 1.6}}
     assert settle_close_contest(valid, plans, duel) is None and asked == []
     valid["all-a"]["source"] = REUSED_SOURCE

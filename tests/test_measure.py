@@ -181,8 +181,9 @@ def test_a_worker_asked_to_stop_exits_and_is_reaped():
 
 
 def test_stale_cache_hits_are_rescaled_by_anchors_timed_again(graph, tmp_path):
-    """A machine moves between hours as one (README, "The Xeon a day later"): hits older than ``stale_after`` join
-    at this hour's scale, by the ratio a few of them show when timed again; the database keeps what it stored."""
+    """A machine moves between hours as one (docs/results/cost-models.md, "The Xeon a day later"): hits older
+    than ``stale_after`` join at this hour's scale, by the ratio a few of them show when timed again; the
+    database keeps what it stored."""
     import sqlite3
     import time
 

@@ -1,6 +1,6 @@
 """The progress bar (collage_ml/ui.py): it draws only when it changes, at most every 0.1 s, never from a
 refresh thread of its own, because a bar redrawn while a worker times a kernel on a 2-core machine is
-contention (README, "Noise"); and a burst of steps costs one draw, not one per step."""
+contention (README, "What it is"); and a burst of steps costs one draw, not one per step."""
 
 from __future__ import annotations
 

@@ -10,7 +10,7 @@ expression API.
 MNN is **opt-in**. ``benchmarks/kernel_libraries.py`` found one region kind
 where it beats the best default backend-configuration by more than 5% within
 the fp32 gate (ConvTranspose at batch 16), but no zoo plan that gains from it
-end to end (README, "More kernel libraries"). Name it explicitly:
+end to end (docs/results/placement.md, "More kernel libraries"). Name it explicitly:
 ``--backends onnxruntime,openvino,mnn``.
 
 Configurations (:attr:`MnnBackend.CONFIGS`, defaults first)::

@@ -23,7 +23,7 @@ largest number of cores one kernel is split across (scoped override:
 cache key. This backend does not set it.
 
 tinygrad is **opt-in**: name it explicitly, ``--backends onnxruntime,tinygrad``.
-Measured (README, "More kernel libraries"): 3-300x slower than the best
+Measured (docs/results/placement.md, "More kernel libraries"): 3-300x slower than the best
 default backend-configuration on every region kind of the zoo, so it stays
 opt-in.
 

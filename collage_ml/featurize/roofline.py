@@ -21,7 +21,7 @@ its memory time at the ``mem`` rate (a roofline, node by node, without
 fusion). A node that reads only constants (no boundary input reaches it, e.g.
 a Gemm of a model's initial state) costs nothing but writing its output, if it
 is one: ONNX Runtime and OpenVINO fold it when they compile the subgraph (3.5 and
-9 µs for such a Gemm at 0.5 and 4.2 MFLOP alike on the Xeon; README, "Leave one
+9 µs for such a Gemm at 0.5 and 4.2 MFLOP alike on the Xeon; docs/results/cost-models.md, "Leave one
 family out on the Xeon"). It is a crude model on purpose: its job is to carry the machine's
 speed into the features, so that a cost model can learn the *ratio* of a
 latency to it, which moves far less between machines than the latency does.

@@ -10,7 +10,7 @@ head-to-head holds (``search/judging.py``).
 
 :class:`HeadToHeadTask` (:func:`measure_head_to_head`) settles a close contest: it compiles two or three
 plans in one worker and alternates short windows of each, ABAB..., so that every plan runs in the same
-minutes. A slow period of the host (README, "Noise": such states last about 2 s) then slows every plan
+minutes. A slow period of the host (docs/results/noise.md: such states last about 2 s) then slows every plan
 alike instead of deciding which one wins; each plan's latency is the median of its windows. A contest that is
 clear after three rounds (every other plan more than 10% behind the leader in each round) stops there.
 

@@ -147,9 +147,10 @@ class Runner:
     def refresh_stale(self, candidates: Sequence[Candidate], reference: Mapping[str, np.ndarray]) -> dict:
         """Re-measures a few stale cache hits per backend, and rescales that backend's stale hits from then on.
 
-        A machine's speed moves between hours, all its kernels together (README, "The Xeon a day later":
-        9-10% overnight, orders intact), so measurements of another hour do not add up with this hour's. For
-        each backend among ``candidates`` that has hits older than ``stale_after`` seconds and no drift
+        A machine's speed moves between hours, all its kernels together (docs/results/cost-models.md, "The
+        Xeon a day later": 9-10% overnight, orders intact), so measurements of another hour do not add up
+        with this hour's.
+        For each backend among ``candidates`` that has hits older than ``stale_after`` seconds and no drift
         estimate yet, the ``anchors`` slowest of them are timed again under the protocol, in memory (the
         database keeps its first measurement of a key), and the median ratio new / stored becomes the drift
         that :meth:`lookup` applies to every stale hit of that backend. Anchors count in

@@ -20,17 +20,17 @@ its key, so rows timed under another protocol are never mixed in silently):
   every window's value is recorded (``extra.process_medians``). On the 2-vCPU
   VMs this project runs on, multi-threaded kernels have slow episodes that
   last seconds (the second vCPU is not there when a pool thread needs it;
-  README, "Noise"), so more samples in one window cannot remove them, and
+  docs/results/noise.md), so more samples in one window cannot remove them, and
   another window can. Under ``m3`` and ``m5`` (``keep_compiled``) a
   candidate is compiled and checked once, in one worker that keeps it until
   its chunk is done, and its later windows time the kept candidate; under
   ``m2`` every window is a fresh compile in another worker process. What
   buys agreement is the number of independent windows, not their length, so
   ``m3`` takes 3 windows (2 from 10 ms) of at most 0.1 s where ``m2`` took 2
-  (1 from 10 ms) of up to 0.3 s (README, "Noise"). ``m4`` (``interleave``, an
+  (1 from 10 ms) of up to 0.3 s (docs/results/noise.md). ``m4`` (``interleave``, an
   experiment arm, not the default) interleaves the passes of one chunk of
   every backend, so a candidate's windows lie a round of backends apart; in
-  three side-by-side runs it did not beat ``m3`` reliably (README, "Noise").
+  three side-by-side runs it did not beat ``m3`` reliably (docs/results/noise.md).
 - *Contention*: the share of the timing window in which some task waited
   for a CPU (Linux PSI, ``/proc/pressure/cpu``) is recorded with each sample
   run; a window above ``max_pressure`` is re-timed up to
@@ -43,7 +43,7 @@ its key, so rows timed under another protocol are never mixed in silently):
   someone else (``/proc/stat``'s steal column, summed over the CPUs this
   process may use) is recorded too (``steal``). On these VMs it rises to
   10-25% per vCPU in episodes of seconds, and 2-thread kernels slow down with
-  it (``benchmarks/noise_detectors.py``; README, "Noise"). Under ``m5``, the
+  it (``benchmarks/noise_detectors.py``; docs/results/noise.md). Under ``m5``, the
   default since 2026-12-02 (``max_steal``), a window above ``max_steal`` counts as contended, and
   (``skip_contended``) a contended window does not count towards the
   candidate's windows: it gets another, up to ``max_processes`` (5), and its
@@ -148,7 +148,7 @@ M4 = TimingConfig(keep_compiled=True, interleave=True, name="m4", **_NO_STEAL)
 #: the protocol ``m5`` (the default, :data:`PROTOCOL`, since 2026-12-02): ``m3``'s windows, where a window with
 #: more than 10% of the CPUs' time stolen by the hypervisor counts as contended and is replaced by another, and
 #: a candidate whose two fastest windows disagree gets more, up to 5 windows in all. It led ``m3`` in all three
-#: side-by-side agreement runs on the Zen 5 (+7, +8 and +23 points of candidates within 10%; README, "Noise")
+#: side-by-side agreement runs on the Zen 5 (+7, +8 and +23 points of candidates within 10%; docs/results/noise.md)
 M5 = TimingConfig(keep_compiled=True, max_steal=0.10, skip_contended=True, max_processes=5, name="m5")
 #: every protocol by name
 PROTOCOLS = {"m1": LEGACY, "m2": M2, "m3": M3, "m4": M4, "m5": M5}

@@ -5,7 +5,7 @@ fit the latency's level better (lower MAPE), the graph network the order of
 a subgraph's backends (lower backend-choice regret). Their blend, the mean
 of the two log predictions (a geometric mean of the latencies), kept the
 better of the two on most metrics of leave one family out on the Xeon
-(README, "Cost models"; ``benchmarks/cost_model.py --blend``).
+(docs/results/cost-models.md, "A blend of XGBoost and the GNN"; ``benchmarks/cost_model.py --blend``).
 
 ``predict_log`` returns the members' mean and the standard deviation of
 their equal-weight mixture,

@@ -23,7 +23,7 @@ METRICS: tuple[str, ...] = (
 HIGHER_IS_BETTER = frozenset({"pairwise_accuracy", "pairwise_resolvable", "kendall_tau", "backend_pairwise_accuracy",
                               "within_10pct"})
 #: pairs whose labels lie closer than this (a ratio) are inside the measurements' own disagreement: two
-#: measurements of one candidate agree within +-10% at best (README, "Noise"), so such pairs' order is a coin
+#: measurements of one candidate agree within +-10% at best (docs/results/noise.md), so such pairs' order is a coin
 #: toss in the labels; ``pairwise_resolvable`` scores only the pairs further apart
 RESOLVABLE = 1.10
 

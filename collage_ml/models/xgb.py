@@ -71,7 +71,7 @@ Targets (``target``)
     ``roofline-mean`` measured 1.0% of both, with the same plans. In
     ``benchmarks/cost_model.py``'s CPU-kind-out folds ``roofline`` lost 2 to 3
     points of pairwise accuracy against ``log``; ``roofline-mean`` did not
-    (README, "A cost model that knows the machine"). ``"roofline-mean"`` is
+    (docs/results/cost-models.md, "A cost model that knows the machine"). ``"roofline-mean"`` is
     the default since 2026-12-03 (``"roofline"`` from 2026-12-02). Where the
     backends' speeds part ways between machines (one backend faster on the new
     machine, another not), the mean carries only part of each backend's

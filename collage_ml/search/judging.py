@@ -23,7 +23,7 @@ from collage_ml.plan import Plan
 #: a slow period: in an exhaustive placement of resnext50 on the Zen 5 (family 26 model 2, 2026-12-01 19:30 UTC,
 #: ``benchmarks/guided_vs_exhaustive.py --session``) all-OpenVINO read more than 10% behind all-ONNX Runtime
 #: (28.3 ms) in round one, was never timed again, and the plan kept re-timed at 26.1 ms against OpenVINO's
-#: 21.3 ms. Slow periods there shift everything timed in them by up to about 30% (README, "Noise").
+#: 21.3 ms. Slow periods there shift everything timed in them by up to about 30% (docs/results/noise.md).
 SECOND_ROUND_MARGIN = 0.35
 #: a plan of several partitions wins only if it is faster end to end than the best one-partition plan by more than
 #: this fraction. End-to-end timings of sub-millisecond plans move by more than the gains they are asked to
@@ -127,7 +127,7 @@ def settle_close_contest(valid: dict[str, dict], plans: Mapping[str, Plan], duel
 
 
 #: guided mode: a whole-model plan whose native whole-model timing is at least this many seconds is not re-timed
-#: end to end; faster ones are (their single-process timings are bimodal on some machines: README, "Noise")
+#: end to end; faster ones are (their single-process timings are bimodal on some machines: docs/results/noise.md)
 REUSE_WHOLE_MODEL_TIMING_ABOVE = 5e-3
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import hashlib
 
 import numpy as np
 import pytest
@@ -11,7 +12,7 @@ import torch
 from collage_ml.collector.sources import model_family, resolve_models
 from collage_ml.errors import UnknownModelError
 from collage_ml.ir import import_model, zoo
-from collage_ml.ir.zoo import synthetic
+from collage_ml.ir.zoo import synthetic, synthetic_v2
 
 
 def test_naming_a_synthetic_network_leaves_the_callers_rng_alone():
@@ -65,3 +66,54 @@ def test_synthetic_names_resolve_in_collect_and_stay_out_of_the_zoo_listing():
             resolve_models(bad)
     with pytest.raises(UnknownModelError, match="synthetic-<seed>"):
         zoo.get("synthetic-x")
+
+
+def test_the_first_vocabulary_is_frozen():
+    """Datasets name synthetic networks by seed: seeds below 1000 must keep drawing the networks they were
+    measured on (the digest of their 60 descriptions as of 2026-12-05, and synthetic-1's graph)."""
+    text = "\n".join(zoo.get(f"synthetic-{i}").description for i in range(60))
+    assert hashlib.sha256(text.encode()).hexdigest()[:16] == "a57aeff5d75d8930"
+    g = import_model("synthetic-1")
+    assert len(g.nodes) == 18 and g.whole().hash == "de51f00a528cf6a97f134eded45b83eba84cea30"
+
+
+def _kinds(m: torch.nn.Module) -> set[str]:
+    out = set()
+    for x in m.modules():
+        if isinstance(x, torch.nn.Conv2d) and x.groups > 1:
+            if x.groups == x.in_channels:
+                out.add(f"depthwise {x.kernel_size[0]}x{x.kernel_size[0]} stride {x.stride[0]}")
+            elif x.groups >= 4:
+                out.add("grouped, 4 or more groups")
+        elif isinstance(x, torch.nn.ConvTranspose2d):
+            out.add(f"transposed stride {x.stride[0]}")
+        elif isinstance(x, torch.nn.AvgPool2d) and x.stride == 1:
+            out.add("average pool stride 1")
+        else:
+            out.add(type(x).__name__)
+    return out
+
+
+def test_the_second_vocabulary_draws_the_blocks_the_first_lacks():
+    """Seeds from 1000 on: image networks with 5x5 and 7x7 and strided depthwise convolutions, many-group
+    convolutions, transposed convolutions of stride 1 and 2, explicit padding and crops, stride-1 pooling."""
+    assert synthetic_v2.FIRST_SEED == 1000
+    have = collections.Counter()
+    for i in range(1000, 1030):
+        assert zoo.get(f"synthetic-{i}").description.startswith("synthetic image")
+        m, _ = zoo.build(f"synthetic-{i}")
+        have.update(_kinds(m))
+    for kind in ("depthwise 5x5 stride 1", "depthwise 7x7 stride 1", "depthwise 7x7 stride 2",
+                 "grouped, 4 or more groups", "transposed stride 1", "transposed stride 2", "ZeroPad2d", "_Crop",
+                 "average pool stride 1", "_Cat", "_Sum"):
+        assert have[kind] >= 2, (kind, have[kind])
+
+
+def test_a_second_vocabulary_network_imports_with_its_pads_and_slices():
+    names = [f"synthetic-{i}" for i in range(1000, 1030)]
+    name = next(n for n in names if "_Crop" in _kinds(zoo.build(n)[0]))
+    g = import_model(name, batch=2)
+    ops = {n.op_type for n in g.nodes}
+    assert {"Pad", "Slice", "Conv"} <= ops, ops
+    ref = g.reference()
+    assert all(np.isfinite(ref[t]).all() and ref[t].shape[0] == 2 for t in g.output_names)

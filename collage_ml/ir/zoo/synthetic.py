@@ -14,6 +14,10 @@ domains, so that a dataset covers each kind of block at many shapes:
 The vocabulary is the common one of CNNs, transformers and RNNs, not any zoo model's layer list: the
 shapes are drawn, not copied. The same seed gives the same network (and the same weights, through
 :func:`~collage_ml.ir.zoo._common.instantiate`). Family ``synthetic``; never held out as a zoo family.
+
+Seeds below 1000 draw from this vocabulary, which is frozen (datasets name its networks by seed). Seeds
+from 1000 on draw image networks from a wider one (:mod:`.synthetic_v2`: separable, inverted-residual,
+grouped and multi-branch blocks, transposed convolutions of stride 1 and 2, explicit padding, any width).
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from . import synthetic_v2
 from ._common import Spec
 
 FAMILY = "synthetic"
@@ -195,6 +200,8 @@ def _volume(rng) -> tuple[nn.Module, tuple[int, ...], str]:
 
 def _draw(seed: int) -> tuple[nn.Module, tuple[int, ...], str]:
     rng = np.random.default_rng([0x5EED, int(seed)])
+    if seed >= synthetic_v2.FIRST_SEED:
+        return synthetic_v2.image(rng)
     r = rng.random()
     domain = _image if r < 0.6 else _sequence if r < 0.85 else _volume
     return domain(rng)

@@ -66,9 +66,9 @@ def _load_cost_model(cost_model: Any) -> Any:
             raise CollageError(f"the cost model {type(cost_model).__name__} has no predict(candidates) method")
         return cost_model
     from collage_ml.models import load_model
-    from collage_ml.models.base import default_kind
+    from collage_ml.models.base import parse_default
 
-    if default_kind(cost_model) is False and not Path(cost_model).exists():  # a path, not "default[:KIND]"
+    if not parse_default(cost_model)[0] and not Path(cost_model).exists():  # a path, not "default[:KIND]"
         raise CollageError(f"{Path(cost_model)}: no such cost model; train one with `collage-ml train` first")
     return load_model(cost_model)
 

@@ -265,25 +265,26 @@ def create_model(kind: str, **params: Any) -> CostModel:
     return model_class(kind)(**params)
 
 
-def default_kind(spec: Any) -> str | None | bool:
-    """For ``"default"`` None, for ``"default:KIND"`` the kind (ArtifactError if unknown), else False."""
+def parse_default(spec: Any) -> tuple[bool, str | None]:
+    """Whether ``spec`` names a shipped model, and which kind: ``"default"`` -> (True, None), ``"default:KIND"``
+    -> (True, KIND) (ArtifactError if KIND is unknown), anything else (a path) -> (False, None)."""
     text = str(spec)
     if text == "default":
-        return None
+        return True, None
     if not text.startswith("default:"):
-        return False
+        return False, None
     kind = text.split(":", 1)[1]
     if kind not in KINDS:
         raise ArtifactError(f"unknown cost-model kind {kind!r} in {text!r}; use default or default:KIND with KIND one "
                             f"of {', '.join(KINDS)}")
-    return kind
+    return True, kind
 
 
 def load_model(path: str | Path) -> CostModel:
     """Load an artifact directory (or ``"default"``: the shipped one for this machine; ``"default:KIND"``: the
     shipped one of that kind, e.g. ``"default:blend"``)."""
-    kind = default_kind(path)
-    if kind is not False:
+    shipped, kind = parse_default(path)
+    if shipped:
         path = default_artifact(kind)
     p = Path(path)
     meta = read_meta(p)
@@ -330,8 +331,8 @@ def default_artifact(kind: str | None = None, threads: int | None = None) -> Pat
     gnn. (The blend ranks a family the model has not seen at least as well on a
     machine it knows, better on the Xeon, but not on a machine it does not know,
     and in ``make demo`` it cost a whole-model timing more for the same plan:
-    README, "A blend of XGBoost and the GNN".) ``kind`` restricts to one kind. Raises :class:`ArtifactError` naming the
-    fingerprint when nothing fits.
+    docs/results/cost-models.md, "A blend of XGBoost and the GNN".) ``kind`` restricts to one kind.
+    Raises :class:`ArtifactError` naming the fingerprint when nothing fits.
     """
     from collage_ml.measure.hardware import fingerprint
     from collage_ml.paths import default_threads

@@ -20,7 +20,7 @@ from typing import Any, Sequence
 from collage_ml.errors import first_line
 
 from collage_ml.featurize.hardware import HardwareDesc
-from collage_ml.models.base import KINDS, CostModel, default_kind, load_model
+from collage_ml.models.base import KINDS, CostModel, load_model, parse_default
 from collage_ml.models.dataset import Dataset
 
 
@@ -36,10 +36,10 @@ def resolve_cost_model(spec: Any, db_path: str | Path | None, fingerprint: str) 
     else the shipped artifact that fits this machine) or ``"default:KIND"``
     (the same, of that kind only: ``"default:blend"``).
     """
-    kind_only = False if isinstance(spec, CostModel) else None if spec is None else default_kind(spec)
     if isinstance(spec, CostModel):
-        model, source = spec, "given"
-    elif kind_only is not False:  # "default" (or None) or "default:KIND"
+        return spec, "given", (updated_path(db_path, fingerprint, spec.kind) if db_path is not None else None)
+    shipped, kind_only = (True, None) if spec is None else parse_default(spec)
+    if shipped:  # "default" (or None) or "default:KIND"
         for kind in (KINDS if kind_only is None else (kind_only,)) if db_path is not None else ():
             p = updated_path(db_path, fingerprint, kind)
             if not p.exists():

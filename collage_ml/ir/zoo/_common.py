@@ -24,6 +24,17 @@ class Spec:
     description: str
 
 
+class Residual(nn.Module):
+    """``x + body(x)``: the skip connection of the synthetic networks' residual blocks."""
+
+    def __init__(self, body: nn.Module):
+        super().__init__()
+        self.body = body
+
+    def forward(self, x):
+        return x + self.body(x)
+
+
 def check_batch(batch: object) -> int:
     """Return ``batch`` as an int if it is a positive integer, else raise ValueError."""
     if isinstance(batch, bool):

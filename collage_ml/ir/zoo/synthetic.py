@@ -29,7 +29,7 @@ import torch
 from torch import nn
 
 from . import synthetic_v2
-from ._common import Spec
+from ._common import Residual as _Residual, Spec
 
 FAMILY = "synthetic"
 PREFIX = "synthetic-"
@@ -50,15 +50,6 @@ def _act(rng) -> nn.Module:
 
 def _ch(rng, c: int, lo: int = 8, hi: int = 512) -> int:
     return int(np.clip(c * rng.choice([0.5, 1, 1, 2]), lo, hi))
-
-
-class _Residual(nn.Module):
-    def __init__(self, body: nn.Module):
-        super().__init__()
-        self.body = body
-
-    def forward(self, x):
-        return x + self.body(x)
 
 
 class _Concat(nn.Module):

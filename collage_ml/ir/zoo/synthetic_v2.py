@@ -12,9 +12,10 @@ bottlenecks, multi-branch cells, upsampling stages), not from any zoo model's la
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 from torch import nn
+
+from ._common import Residual as _Residual
 
 FIRST_SEED = 1000
 
@@ -55,15 +56,6 @@ class _Cat(nn.Module):
 
     def forward(self, x):
         return torch.cat([b(x) for b in self.branches], dim=1)
-
-
-class _Residual(nn.Module):
-    def __init__(self, body: nn.Module):
-        super().__init__()
-        self.body = body
-
-    def forward(self, x):
-        return x + self.body(x)
 
 
 class _Crop(nn.Module):

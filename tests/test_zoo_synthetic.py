@@ -68,13 +68,18 @@ def test_synthetic_names_resolve_in_collect_and_stay_out_of_the_zoo_listing():
         zoo.get("synthetic-x")
 
 
-def test_the_first_vocabulary_is_frozen():
-    """Datasets name synthetic networks by seed: seeds below 1000 must keep drawing the networks they were
-    measured on (the digest of their 60 descriptions as of 2026-12-05, and synthetic-1's graph)."""
-    text = "\n".join(zoo.get(f"synthetic-{i}").description for i in range(60))
-    assert hashlib.sha256(text.encode()).hexdigest()[:16] == "a57aeff5d75d8930"
-    g = import_model("synthetic-1")
-    assert len(g.nodes) == 18 and g.whole().hash == "de51f00a528cf6a97f134eded45b83eba84cea30"
+@pytest.mark.parametrize("seeds, digest, name, nodes, graph_hash", [
+    (range(60), "a57aeff5d75d8930", "synthetic-1", 18, "de51f00a528cf6a97f134eded45b83eba84cea30"),
+    (range(1000, 1030), "2a126f5c0cce51dd", "synthetic-1000", 54, "018e3296c416571ff55224f2b7e1b7b9085bacfc"),
+])
+def test_both_vocabularies_are_frozen(seeds, digest, name, nodes, graph_hash):
+    """Datasets name synthetic networks by seed (synthetic:60 and synthetic:1000-1030 on the Xeon, 2026-12-05):
+    each seed must keep drawing the network it was measured on (the digest of the descriptions, and one
+    network's graph: synthetic-1000's is the source hash its rows in cpu-2core-xeon-amx-synth-v2-m5 record)."""
+    text = "\n".join(zoo.get(f"synthetic-{i}").description for i in seeds)
+    assert hashlib.sha256(text.encode()).hexdigest()[:16] == digest
+    g = import_model(name)
+    assert len(g.nodes) == nodes and g.whole().hash == graph_hash
 
 
 def _kinds(m: torch.nn.Module) -> set[str]:

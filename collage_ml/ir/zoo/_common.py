@@ -35,6 +35,18 @@ class Residual(nn.Module):
         return x + self.body(x)
 
 
+class Head(nn.Module):
+    """A classifier head: the mean over the ``dims`` spatial dimensions, then a linear layer to 10 classes."""
+
+    def __init__(self, c: int, dims: int):
+        super().__init__()
+        self.dims = tuple(range(2, 2 + dims))
+        self.fc = nn.Linear(c, 10)
+
+    def forward(self, x):
+        return self.fc(x.mean(dim=self.dims))
+
+
 def check_batch(batch: object) -> int:
     """Return ``batch`` as an int if it is a positive integer, else raise ValueError."""
     if isinstance(batch, bool):

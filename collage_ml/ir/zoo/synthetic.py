@@ -29,7 +29,7 @@ import torch
 from torch import nn
 
 from . import synthetic_v2
-from ._common import Residual as _Residual, Spec
+from ._common import Head as _Head, Residual as _Residual, Spec
 
 FAMILY = "synthetic"
 PREFIX = "synthetic-"
@@ -84,16 +84,6 @@ class _Gated(nn.Module):
 
     def forward(self, x):
         return torch.tanh(self.w(x)) * torch.sigmoid(self.u(x)) + x
-
-
-class _Head(nn.Module):
-    def __init__(self, c: int, dims: int):
-        super().__init__()
-        self.dims = tuple(range(2, 2 + dims))
-        self.fc = nn.Linear(c, 10)
-
-    def forward(self, x):
-        return self.fc(x.mean(dim=self.dims))
 
 
 def _conv_bn_act(rng, conv, bn, cin: int, cout: int, k: int, stride: int, groups: int = 1) -> nn.Sequential:

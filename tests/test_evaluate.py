@@ -263,7 +263,8 @@ def test_leave_one_family_out(tiny_ds):
         test = [s for s in tiny_ds if s.source == fam]
         assert m["n"] == len(test) and m["n_train"] == len(tiny_ds) - len(test)
         assert set(METRICS) <= set(m) and 0 <= m["fit_seconds"] < 60, m["fit_seconds"]
-        assert len(preds[fam]["pred"]) == len(test) == len(preds[fam]["backend"])
+        assert len(preds[fam]["pred"]) == len(test) == len(preds[fam]["backend"]) == len(preds[fam]["std"])
+        assert np.all(np.asarray(preds[fam]["std"]) >= 0)
         assert m["pairwise_accuracy"] > 0.5  # the stub learns flops -> latency
     avg = average_metrics(res)
     assert avg["n"] == len(tiny_ds)

@@ -12,7 +12,7 @@ import torch
 from collage_ml.collector.sources import model_family, resolve_models
 from collage_ml.errors import UnknownModelError
 from collage_ml.ir import import_model, zoo
-from collage_ml.ir.zoo import synthetic, synthetic_v2
+from collage_ml.ir.zoo import synthetic, synthetic_v2, synthetic_v3
 
 
 def test_naming_a_synthetic_network_leaves_the_callers_rng_alone():
@@ -71,11 +71,13 @@ def test_synthetic_names_resolve_in_collect_and_stay_out_of_the_zoo_listing():
 @pytest.mark.parametrize("seeds, digest, name, nodes, graph_hash", [
     (range(60), "a57aeff5d75d8930", "synthetic-1", 18, "de51f00a528cf6a97f134eded45b83eba84cea30"),
     (range(1000, 1030), "2a126f5c0cce51dd", "synthetic-1000", 54, "018e3296c416571ff55224f2b7e1b7b9085bacfc"),
+    (range(2000, 2030), "8fbdfc89a2cd211b", "synthetic-2000", 43, "c164dd8ad2b97b313d5e1932dfc80bd4e10a9e85"),
 ])
-def test_both_vocabularies_are_frozen(seeds, digest, name, nodes, graph_hash):
-    """Datasets name synthetic networks by seed (synthetic:60 and synthetic:1000-1030 on the Xeon, 2026-12-05):
-    each seed must keep drawing the network it was measured on (the digest of the descriptions, and one
-    network's graph: synthetic-1000's is the source hash its rows in cpu-2core-xeon-amx-synth-v2-m5 record)."""
+def test_every_vocabulary_is_frozen(seeds, digest, name, nodes, graph_hash):
+    """Datasets name synthetic networks by seed (synthetic:60, synthetic:1000-1030 and synthetic:2000-2030 on
+    the Xeon, 2026-12-05): each seed must keep drawing the network it was measured on (the digest of the
+    descriptions, and one network's graph: synthetic-1000's is the source hash its rows in
+    cpu-2core-xeon-amx-synth-v2-m5 record)."""
     text = "\n".join(zoo.get(f"synthetic-{i}").description for i in seeds)
     assert hashlib.sha256(text.encode()).hexdigest()[:16] == digest
     g = import_model(name)
@@ -122,3 +124,29 @@ def test_a_second_vocabulary_network_imports_with_its_pads_and_slices():
     assert {"Pad", "Slice", "Conv"} <= ops, ops
     ref = g.reference()
     assert all(np.isfinite(ref[t]).all() and ref[t].shape[0] == 2 for t in g.output_names)
+
+
+def _constant_ops(g) -> collections.Counter:
+    """The nodes none of whose inputs depends on a graph input (their whole value is fixed by the weights)."""
+    dynamic, out = set(g.input_names), collections.Counter()
+    for node in g.nodes:  # topological order
+        if any(x in dynamic for x in node.inputs if x):
+            dynamic.update(node.outputs)
+        else:
+            out[node.op_type] += 1
+    return out
+
+
+def test_the_third_vocabulary_draws_recurrent_cells_from_learned_states():
+    """Seeds from 2000 on: Elman, GRU and LSTM cells unrolled from learned initial states, so the first step's
+    hidden-state product is a Gemm of weights alone, which no network of the first two vocabularies has."""
+    assert synthetic_v3.FIRST_SEED == 2000
+    texts = [zoo.get(f"synthetic-{i}").description for i in range(2000, 2030)]
+    for kind in ("elman", "gru", "lstm", "positions none", "positions raw", "positions projected"):
+        assert sum(kind in t for t in texts) >= 2, kind
+    g = import_model("synthetic-2001", batch=2)
+    const = _constant_ops(g)
+    assert const["Gemm"] >= 2, const  # the initial state's product and the projected positional table
+    ref = g.reference()
+    assert all(np.isfinite(ref[t]).all() and ref[t].shape[0] == 2 for t in g.output_names)
+    assert not _constant_ops(import_model("synthetic-1"))["Gemm"]  # the first vocabulary has none

@@ -97,7 +97,8 @@ def leave_one_family_out(
 
     ``families`` defaults to every source of ``dataset``. Each family's metrics
     gain ``n_train`` and ``fit_seconds``. ``predictions``, when given, is
-    filled with family -> ``{"backend", "true", "pred"}`` arrays (for plots).
+    filled with family -> ``{"backend", "true", "pred", "std"}`` arrays (for plots; ``std`` is the
+    model's log-space uncertainty).
     ``extra_train`` (for example synthetic networks, or another machine's rows)
     joins every fold's training set, less its own rows of the held-out family;
     it is never scored. ``progress`` receives one line per step.
@@ -120,7 +121,7 @@ def leave_one_family_out(
         t0 = time.perf_counter()
         model.fit(train)
         fit_s = time.perf_counter() - t0
-        pred, _ = model.predict(test.samples)
+        pred, std = model.predict(test.samples)
         pred = np.asarray(pred, dtype=np.float64)
         m = evaluate_predictions(test, pred, **group_kw)
         m["n_train"] = len(train)
@@ -131,6 +132,7 @@ def leave_one_family_out(
                 "backend": [s.backend for s in test],
                 "true": test.latencies(),
                 "pred": pred,
+                "std": np.asarray(std, dtype=np.float64),
             }
     return out
 

@@ -11,6 +11,9 @@ import torch
 
 from collage_ml.collector.sources import model_family, resolve_models
 from collage_ml.errors import UnknownModelError
+from collage_ml.featurize.info import subgraph_info
+from collage_ml.featurize.roofline import constant_nodes
+from collage_ml.featurize.schema import OPS
 from collage_ml.ir import import_model, zoo
 from collage_ml.ir.zoo import synthetic, synthetic_v2, synthetic_v3
 
@@ -127,14 +130,9 @@ def test_a_second_vocabulary_network_imports_with_its_pads_and_slices():
 
 
 def _constant_ops(g) -> collections.Counter:
-    """The nodes none of whose inputs depends on a graph input (their whole value is fixed by the weights)."""
-    dynamic, out = set(g.input_names), collections.Counter()
-    for node in g.nodes:  # topological order
-        if any(x in dynamic for x in node.inputs if x):
-            dynamic.update(node.outputs)
-        else:
-            out[node.op_type] += 1
-    return out
+    """The op types of the nodes that read only weights, as the featurizer sees them (roofline.constant_nodes)."""
+    info = subgraph_info(g.whole())
+    return collections.Counter(OPS[o] for o in info.ops[constant_nodes(info)])
 
 
 def test_the_third_vocabulary_draws_recurrent_cells_from_learned_states():

@@ -47,6 +47,13 @@ class Head(nn.Module):
         return self.fc(x.mean(dim=self.dims))
 
 
+def drawn_width(rng, lo: int, hi: int, steps: tuple[int, ...]) -> int:
+    """A width drawn anywhere in [lo, hi], rounded to a multiple of a step drawn from ``steps`` (the
+    synthetic vocabularies' channel counts and hidden sizes, which need not be powers of two)."""
+    step = int(rng.choice(steps))
+    return int(max(lo, min(hi, step * round(float(rng.uniform(lo, hi)) / step))))
+
+
 def check_batch(batch: object) -> int:
     """Return ``batch`` as an int if it is a positive integer, else raise ValueError."""
     if isinstance(batch, bool):

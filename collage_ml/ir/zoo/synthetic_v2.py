@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ._common import Head, Residual as _Residual
+from ._common import Head, Residual as _Residual, drawn_width
 
 FIRST_SEED = 1000
 
@@ -26,10 +26,9 @@ def _act(rng) -> nn.Module:
     return (nn.ReLU, nn.ReLU6, nn.SiLU, nn.Hardswish, nn.GELU, nn.LeakyReLU)[int(rng.integers(6))]()
 
 
-def _width(rng, lo: int = 8, hi: int = 640) -> int:
+def _width(rng, lo: int, hi: int) -> int:
     """A channel count anywhere in [lo, hi], a multiple of 1, 4, 8 or 16."""
-    step = int(rng.choice([1, 4, 8, 8, 16]))
-    return int(max(lo, min(hi, step * round(float(rng.uniform(lo, hi)) / step))))
+    return drawn_width(rng, lo, hi, (1, 4, 8, 8, 16))
 
 
 def _cbr(rng, cin: int, cout: int, k: int, stride: int = 1, groups: int = 1, act: bool = True) -> nn.Sequential:

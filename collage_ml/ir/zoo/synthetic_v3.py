@@ -21,14 +21,15 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ._common import drawn_width
+
 FIRST_SEED = 2000
 
 _ACTS = (torch.tanh, torch.relu, torch.sigmoid)
 
 
 def _width(rng, lo: int, hi: int) -> int:
-    step = int(rng.choice([1, 4, 8, 16]))
-    return int(max(lo, min(hi, step * round(float(rng.uniform(lo, hi)) / step))))
+    return drawn_width(rng, lo, hi, (1, 4, 8, 16))
 
 
 class _Recurrent(nn.Module):
@@ -37,7 +38,7 @@ class _Recurrent(nn.Module):
     def __init__(self, rng, d_in: int, hidden: int, steps: int):
         super().__init__()
         self.kind = str(rng.choice(["elman", "gru", "lstm"]))
-        self.steps, self.hidden = steps, hidden
+        self.steps = steps
         gates = {"elman": 1, "gru": 3, "lstm": 4}[self.kind]
         self.wx = nn.Linear(d_in, gates * hidden, bias=bool(rng.random() < 0.7))
         self.wh = nn.Linear(hidden, gates * hidden, bias=bool(rng.random() < 0.5))

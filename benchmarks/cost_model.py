@@ -41,6 +41,11 @@ the default before), ``xgb-static`` (probes removed from every sample: the
 static description only, i.e. what the model knew before the probe set),
 ``gnn`` and ``blend`` (both, their log predictions averaged).
 
+Each database's samples carry the probe table it was calibrated with;
+``--pool-probes`` gives every machine (fingerprint, threads, protocol) one
+table instead, the median of its databases' calibrations
+(``models.dataset.pool_probes``), in every section.
+
 ``--plot`` draws predicted against measured latency from the
 leave-one-family-out predictions, one log-log panel per backend, one colour
 per model. ``--json`` writes every number. Models are made with
@@ -68,7 +73,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from collage_ml.models.base import create_model  # noqa: E402
-from collage_ml.models.dataset import Dataset  # noqa: E402
+from collage_ml.models.dataset import Dataset, pool_probes  # noqa: E402
 from collage_ml.models.evaluate import (  # noqa: E402
     HIGHER_IS_BETTER,
     METRIC_LABELS,
@@ -328,6 +333,9 @@ def main() -> int:
     ap.add_argument("--shots", default=None, help="few-shot N, comma-separated (default 10,50,200)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--no-random-split", action="store_true")
+    ap.add_argument("--pool-probes", action="store_true",
+                    help="give each machine one probe table, the median of its databases' calibrations "
+                         "(models.dataset.pool_probes; `collage-ml train --pool-probes`)")
     ap.add_argument("--no-few-shot", action="store_true")
     ap.add_argument("--no-lofo", action="store_true", help="skip leave-one-family-out (and the plot)")
     ap.add_argument("--blend", action="store_true",
@@ -372,6 +380,9 @@ def main() -> int:
         part = Dataset.from_db(p).filter(lambda s: s.source != "probe")
         log(f"extra training rows from {p}: {len(part)} (sources {', '.join(part.sources())})")
         extra = extra + part
+    if args.pool_probes:
+        pooled = pool_probes([data, extra])
+        log("pooled probe tables: " + (", ".join(f"{fp} ({n} calibrations)" for fp, n in pooled.items()) or "none"))
     results: dict[str, Any] = {
         "db": str(args.db),
         "target_db": str(args.target_db),
@@ -383,6 +394,7 @@ def main() -> int:
         "n": len(data),
         "extra_train_dbs": [str(p) for p in args.extra_train_db],
         "n_extra_train": len(extra),
+        "pool_probes": bool(args.pool_probes),
     }
 
     # 1. leave one family out
@@ -452,6 +464,8 @@ def main() -> int:
             part = Dataset.from_db(p)
             log(f"{p}: {len(part)} samples ({part.protocols})")
             hw_data = hw_data + part
+        if args.pool_probes:
+            pool_probes([hw_data])
         labels = hardware_labels(paths)
         hw_fams = tuple(f.strip() for f in args.hw_families.split(",") if f.strip())
         ho = hardware_out(hw_data, labels, variants, params, hw_fams, args.hw_folds)

@@ -176,6 +176,7 @@ def train(
     *,
     hardware: str | None = None,
     progress: bool = PROGRESS,
+    pool_probes: bool = False,
 ):
     """Fits a cost model on the valid measurements of ``db``; returns the :class:`~collage_ml.models.base.CostModel`.
 
@@ -190,6 +191,9 @@ def train(
       take its path); None keeps it in memory only.
     - ``holdout_families``: source families (e.g. ``["bert"]``) left out of training and scored.
     - ``hardware``: train on this hardware fingerprint's rows only.
+    - ``pool_probes``: of several databases, give each machine (fingerprint, threads, protocol) one probe
+      table, the median of their calibrations, instead of each database its own (opt-in: it helped two
+      CPU kinds of three, docs/results/cost-models.md, "One probe table per machine").
 
     The model's ``training`` dict says what happened: ``n``, ``sources``, ``backends``,
     ``hardware``, ``fit_seconds``, ``params``, and for held-out families ``holdout[family]``
@@ -197,7 +201,8 @@ def train(
     """
     from collage_ml.models.training import train as _train
 
-    return _train(db, model, out, holdout_families, params, hardware=hardware, progress=progress)
+    return _train(db, model, out, holdout_families, params, hardware=hardware, progress=progress,
+                  pool_probes=pool_probes)
 
 
 def evaluate(

@@ -496,3 +496,35 @@ def test_api_train_and_evaluate(tiny_db, tmp_path):
         collage_ml.train(tmp_path / "nope.db")
     with pytest.raises(collage_ml.CollageError, match="in-memory database is not supported"):
         collage_ml.train(":memory:")  # not "make one with collect --db :memory:", which collect refuses
+
+
+def test_training_on_two_databases_of_one_machine_pools_their_calibrations_when_asked(tiny_db, tmp_path, capsys):
+    """Each database is calibrated in its own sitting; by default each keeps its own table, and with
+    ``pool_probes`` the machine gets one, the median of the two (here: their mean)."""
+    import shutil
+
+    from collage_ml.db import Database
+    from collage_ml.featurize.roofline import PROBE_NAMES
+    from collage_ml.measure.probes import PROBE_SET_VERSION
+    from collage_ml.models.training import load_dataset
+
+    paths = []
+    for name, scale in (("a.db", 1.0), ("b.db", 3.0)):
+        p = tmp_path / name
+        shutil.copy(tiny_db, p)
+        with Database(p) as d:
+            for fp in d.stats()["hardware"]:
+                for i, probe in enumerate(PROBE_NAMES):
+                    d.commit_probe(fp, "onnxruntime", "1", "m5", PROBE_SET_VERSION, probe, scale * 1e-4 * (i + 1), "h")
+        paths.append(p)
+    apart = load_dataset(paths)
+    assert sorted({s.hw.probes_of("onnxruntime")[0] for s in apart}) == pytest.approx([1e-4, 3e-4])
+    assert apart.pooled == {}
+    both = load_dataset(paths, pool=True)
+    hws = {s.hw for s in both}
+    assert len(hws) == len(both.pooled) == 1 and list(both.pooled.values()) == [2]
+    assert hws.pop().probes_of("onnxruntime") == pytest.approx([2e-4 * (i + 1) for i in range(len(PROBE_NAMES))])
+    art = tmp_path / "art"
+    assert main(["train", "--db", str(paths[0]), "--db", str(paths[1]), "--model", "xgb", "-o", str(art),
+                 "--pool-probes", "--param", "n_estimators=5", "--param", "n_members=1", "--param", "n_jobs=1"]) == 0
+    assert "one probe table per machine, the median of its databases' calibrations: " in capsys.readouterr().out

@@ -323,3 +323,32 @@ def test_live_candidates_without_hw_warn_once_naming_the_training_machine(recwar
     m2.hw = fast  # what collect's focus sampler does: this machine, chosen by the caller
     m2.predict(cands)
     assert len([w for w in recwarn if "predicting candidates for" in str(w.message)]) == 1
+
+
+def test_pooling_gives_one_machine_the_median_of_its_calibrations_and_leaves_others_alone():
+    from collage_ml.models.dataset import pool_probes
+
+    info = _compute_bound_infos()[0]
+
+    def part(fp: str, threads: int, *scales: float, protocol: str = "m5") -> Dataset:
+        hw = HardwareDesc(cores=2, threads=threads, gpu=False).with_probes(
+            {"onnxruntime": fake_probes(scale=scales[0]), **({"openvino": fake_probes(scale=scales[1])} if len(scales) > 1 else {})})
+        return Dataset([Sample(info, "onnxruntime", hw, 1e-3, hardware=fp, protocol=protocol) for _ in range(2)])
+
+    # three sittings of one machine: the third calibration is an outlier (half speed)
+    a, b, c = part("m1", 2, 1.0, 2.0), part("m1", 2, 1.1, 2.2), part("m1", 2, 0.5)
+    # another machine, another thread count, another protocol (which times kernels its own way)
+    other, one_thread, old = part("m2", 2, 3.0), part("m1", 1, 0.7), part("m1", 2, 0.9, protocol="m3")
+    before = (other.samples[0].hw, one_thread.samples[0].hw, old.samples[0].hw)
+    bc = b + c
+    assert pool_probes([a, bc, other, one_thread, old]) == {"m1": 3}
+    hws = {s.hw for d in (a, bc) for s in d}
+    assert len(hws) == 1
+    hw = hws.pop()
+    # per probe the median of three; openvino, calibrated twice, the middle of two
+    assert hw.probes_of("onnxruntime") == pytest.approx([fake_probes(scale=1.0)[n] for n in PROBE_NAMES])
+    assert hw.probes_of("openvino") == pytest.approx(
+        [(fake_probes(scale=2.0)[n] + fake_probes(scale=2.2)[n]) / 2 for n in PROBE_NAMES])
+    assert (other.samples[0].hw, one_thread.samples[0].hw, old.samples[0].hw) == before
+    assert pool_probes([other]) == {}
+

@@ -38,6 +38,8 @@ def add_parser(subparsers) -> None:
     t.add_argument("--holdout-family", action="append", default=[], metavar="NAME",
                    help="leave this source family out of training and report its metrics (repeatable)")
     t.add_argument("--hardware", default=None, metavar="FP", help="train on this hardware fingerprint only")
+    t.add_argument("--pool-probes", action="store_true",
+                   help="of several --db, give each machine one probe table: the median of their calibrations")
     t.add_argument("--param", type=arg(key_value), action="append", default=[], metavar="KEY=VALUE",
                    help="model parameter; VALUE is parsed as JSON when it can be (repeatable)")
     t.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -95,7 +97,7 @@ def _train(args) -> int:
 
     model = training.make_model(args.model, dict(args.param), what="--param")  # usage errors before the database
     model = training.train(args.db if args.db is None or len(args.db) > 1 else args.db[0], model, args.output, args.holdout_family, hardware=args.hardware,
-                           progress=_progress_enabled(args))
+                           progress=_progress_enabled(args), pool_probes=args.pool_probes)
     summary = model.training
     if args.json:
         print(json.dumps(json_safe(summary), indent=2, default=str))
@@ -106,6 +108,9 @@ def _train(args) -> int:
     )
     if summary["skipped"]:
         print(f"skipped {summary['skipped']} rows whose stored subgraph no longer parses")
+    if summary.get("pooled_probes"):
+        print("one probe table per machine, the median of its databases' calibrations: "
+              + ", ".join(f"{fp} ({n})" for fp, n in sorted(summary["pooled_probes"].items())))
     held = summary.get("holdout") or {}
     if held:
         rows = dict(held)

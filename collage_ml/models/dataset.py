@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
@@ -44,6 +44,7 @@ class Sample:
     pattern: str = ""
     #: (source graph hash, first node) when the row recorded them: its decision group in the op-level DP
     decision: tuple[str, int] | None = None
+    protocol: str = ""  # the measurement protocol the latency was timed under ("" when unknown)
 
     @property
     def log_latency(self) -> float:
@@ -191,7 +192,8 @@ class Dataset:
                 dec = m.extra.get("source"), m.extra.get("first_node")
                 out.append(
                     Sample(info, m.key.backend, hw_cache[hk], float(m.median), m.family, src, m.key, m.hardware, pattern,
-                           (str(dec[0]), int(dec[1])) if dec[0] is not None and dec[1] is not None else None)
+                           (str(dec[0]), int(dec[1])) if dec[0] is not None and dec[1] is not None else None,
+                           m.protocol)
                 )
             bar(done=True)
         finally:
@@ -231,3 +233,46 @@ def items_of(objs: Sequence[Any], hw: HardwareDesc) -> list[Sample]:
             out.append(Sample(subgraph_info(o.subgraph), o.backend.name, hw, None, key=o.key, pattern=o.pattern))
     return out
 
+
+def pool_probes(parts: Sequence[Dataset]) -> dict[str, int]:
+    """Gives every sample of one machine (fingerprint and threads) and protocol the same probe table, in place:
+    per backend and probe, the median over the distinct calibrations that ``parts`` carry for them. Returns
+    {fingerprint: calibrations pooled} for each machine that had more than one (summed over its protocols).
+
+    A database is calibrated once, when its machine is first seen, and its table then stands for every row
+    collected into it, hours or days later. On the Xeon the probes did follow the machine's drift at the
+    median (a calibration that read 16% slow came with labels 12% slow), but the table that two databases
+    carried, measured 10 hours before their rows, read 6% slow for rows that ran 5% fast, and on the Zen 3
+    one backend's probes moved 34% where its labels moved 13%. The ``roofline-mean`` target divides each label by its own
+    table's estimate, so a stale or noisy table becomes a bias of that database's labels; one table per
+    machine removes it, and with it the drift the tables did catch. It helped two CPU kinds of three
+    (docs/results/cost-models.md, "One probe table per machine"), so it is opt-in. Protocols stay apart:
+    each times kernels its own way, and its calibration carries that scale to its labels."""
+    from collage_ml.featurize.roofline import PROBE_NAMES
+
+    tables: dict[tuple[str, int, str], dict[HardwareDesc, None]] = {}
+    for d in parts:
+        for s in d.samples:
+            if s.hw.probes:
+                tables.setdefault((s.hardware, s.hw.threads, s.protocol), {})[s.hw] = None
+    swap: dict[tuple[str, str, HardwareDesc], HardwareDesc] = {}
+    pooled: dict[str, int] = {}
+    for (fp, _, protocol), descs in tables.items():
+        if len(descs) < 2:
+            continue
+        values: dict[str, dict[str, list[float]]] = {}
+        for h in descs:
+            for backend, vals in h.probes:
+                for name, v in zip(PROBE_NAMES, vals):
+                    if v is not None:
+                        values.setdefault(backend, {}).setdefault(name, []).append(v)
+        table = {b: {n: float(np.median(v)) for n, v in per.items()} for b, per in values.items()}
+        first = next(iter(descs))
+        for h in descs:
+            swap[(fp, protocol, h)] = first.with_probes(table)
+        pooled[fp] = pooled.get(fp, 0) + len(descs)
+    if swap:
+        for d in parts:
+            d.samples = [replace(s, hw=swap[k]) if (k := (s.hardware, s.protocol, s.hw)) in swap else s
+                         for s in d.samples]
+    return pooled

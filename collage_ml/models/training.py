@@ -31,19 +31,25 @@ def database_path(db: Any) -> Path:
     return Path(db)
 
 
-def load_dataset(db: Any, hardware: str | None = None, progress: bool = False):
+def load_dataset(db: Any, hardware: str | None = None, progress: bool = False, pool: bool = False):
     """The valid rows of ``db`` (a path, an open Database, None for the per-user one, or a list of those:
-    their rows together) as a Dataset."""
+    their rows together) as a Dataset.
+
+    With ``pool``, each machine's samples in a list get one probe table, the median of its databases'
+    calibrations (:func:`~collage_ml.models.dataset.pool_probes`); ``Dataset.pooled`` says which machines had
+    several."""
     from collage_ml.db import Database
-    from collage_ml.models.dataset import Dataset
+    from collage_ml.models.dataset import Dataset, pool_probes
 
     if isinstance(db, (list, tuple)):
         if not db:
             raise CollageError("no measurement database given")
         parts = [load_dataset(d, hardware, progress) for d in db]
+        pooled = pool_probes(parts) if pool else {}
         out = parts[0]
         for part in parts[1:]:
             out = out + part
+        out.pooled = pooled  # type: ignore[attr-defined]
         return out
 
     p = database_path(db)
@@ -113,6 +119,7 @@ def train(
     *,
     hardware: str | None = None,
     progress: bool = PROGRESS,
+    pool_probes: bool = False,
 ):
     """Fits a cost model; returns it, with ``model.training`` holding the summary (see :func:`collage_ml.train`)."""
     from collage_ml.models.base import CostModel
@@ -124,7 +131,7 @@ def train(
         m = model
     else:
         m = make_model(str(model), params)
-    ds = load_dataset(db, hardware, progress)
+    ds = load_dataset(db, hardware, progress, pool=pool_probes)
     where = database_path(db)
     holdout = check_families(holdout_families, ds, where)
     train_set, test = ds.split_by_source(holdout)
@@ -146,6 +153,7 @@ def train(
         "backends": sorted({s.backend for s in train_set}),
         "hardware": sorted({s.hardware for s in train_set}),
         "skipped": int(getattr(ds, "skipped", 0)),
+        "pooled_probes": dict(getattr(ds, "pooled", {})),
         "fit_seconds": round(fit_s, 3),
         "params": m.params,
         "holdout_families": holdout,

@@ -336,6 +336,41 @@ def calibrate(
             database.close()
 
 
+def calibration_drift(
+    backends: Any = BACKENDS, *, db: Any = DB, threads: int | None = THREADS, progress: bool = PROGRESS,
+    timing: Any = None,
+) -> dict:
+    """Measures the probe set again, stores nothing, and compares it with the calibration ``db`` holds for
+    this machine: {"backends": {name: {"calibrated_at", "ratio", "probes"}}, "ratio"} (now / then, medians
+    over the probes; below 1, the machine runs faster now). This is ``collage-ml calibrate --check``.
+
+    A database is calibrated once per machine and backend, and its table stands for every row collected
+    into it later; the machine's speed moves by several percent over hours on the VMs measured
+    (docs/results/cost-models.md, "One probe table per machine"), and this says by how much since then.
+    """
+    from collage_ml.backends import resolve_backends
+    from collage_ml.db import Database, default_db_path
+    from collage_ml.errors import CollageError
+    from collage_ml.measure.probes import probe_drift
+    from collage_ml.measure.runner import Runner
+
+    bs = resolve_backends(backends)
+    for b in bs:
+        b.require()
+    path = default_db_path() if db is None else db
+    if isinstance(path, (str, Path)) and not Path(path).exists():
+        raise CollageError(f"no measurement database at {path}; `collage-ml calibrate --db {path}` makes one")
+    own = isinstance(path, (str, Path))
+    database = Database(path, readonly=True) if own else path
+    try:
+        kw = {} if timing is None else {"timing": timing}
+        with Runner(db=None, threads=threads, **kw) as r:
+            return probe_drift(r, bs, database, progress=progress)
+    finally:
+        if own:
+            database.close()
+
+
 def db_merge(into: str | Path, other: str | Path, *, counts: bool = False) -> Any:
     """Adds every record of ``other`` missing from ``into`` (created if absent); returns the measurements added,
     or with ``counts`` {"measurements", "boundaries", "plan_runs"}: what was added of each kind."""

@@ -85,6 +85,9 @@ def build_parser() -> argparse.ArgumentParser:
     ca.add_argument("--backends", default=None, help="comma-separated backend names (default: the CPU set)")
     ca.add_argument("--db", default=None, help="measurement database (default: the per-user one)")
     ca.add_argument("--threads", type=arg(positive_int), default=None, help="intra-op threads for every backend")
+    ca.add_argument("--check", action="store_true",
+                    help="measure the probes again, store nothing, and say how far the machine moved since the "
+                         "database's calibration")
     ca.add_argument("--json", action="store_true", help="print JSON")
     ca.add_argument("--no-progress", action="store_true", help="no progress bar")
 
@@ -141,6 +144,9 @@ def _cmd_backends(args) -> int:
 def _cmd_calibrate(args) -> int:
     from collage_ml import api
 
+    if args.check:
+        return _calibrate_check(args)
+
     res = api.calibrate(args.backends, db=args.db, threads=args.threads, progress=not (args.json or args.no_progress),
                         say=None if args.json else print)
     if args.json:
@@ -150,6 +156,30 @@ def _cmd_calibrate(args) -> int:
     probes = list(next(iter(res.values()), {}))
     _table("probe latencies (us)", ["probe", *names],
            [(p, *("-" if res[b].get(p) is None else f"{res[b][p] * 1e6:.1f}" for b in names)) for p in probes])
+    return 0
+
+
+def _calibrate_check(args) -> int:
+    import time
+
+    from collage_ml import api
+
+    res = api.calibration_drift(args.backends, db=args.db, threads=args.threads,
+                                progress=not (args.json or args.no_progress))
+    if args.json:
+        print(json.dumps(res, indent=2))
+        return 0
+    rows = []
+    for name, r in sorted(res["backends"].items()):
+        age = "-" if r["calibrated_at"] is None else f"{(time.time() - r['calibrated_at']) / 3600:.1f}"
+        rows.append((name, age, r["probes"], "-" if r["ratio"] is None else f"{r['ratio']:.3f}"))
+    _table("probe latencies now / at calibration (median over probes)", ["backend", "hours ago", "probes", "now / then"],
+           rows)
+    if res["ratio"] is not None:
+        pct = (1 - res["ratio"]) * 100
+        print(f"the machine runs {abs(pct):.1f}% {'faster' if pct >= 0 else 'slower'} than when the database was "
+              f"calibrated (median over every probe: {res['ratio']:.3f}); rows collected now carry that "
+              f"calibration's probes")
     return 0
 
 

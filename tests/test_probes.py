@@ -82,3 +82,38 @@ def test_calibrate_no_progress_turns_the_bar_off(monkeypatch, capsys):
     assert cli.main(["calibrate"]) == 0
     assert seen == [False, True]
     assert "10.0" in capsys.readouterr().out  # the table still prints, in microseconds
+
+
+def test_calibrate_check_says_how_far_the_machine_moved_and_stores_nothing(tmp_path, two_probes, capsys, monkeypatch):
+    import sqlite3
+
+    from collage_ml import cli
+
+    monkeypatch.setenv("COLLAGE_ML_THREADS", "1")
+    db = tmp_path / "m.db"
+    assert cli.main(["calibrate", "--backends", "onnxruntime", "--db", str(db), "--json"]) == 0
+    capsys.readouterr()
+    with sqlite3.connect(db) as c:  # as if the machine had run twice as slow when it was calibrated
+        c.execute("UPDATE probes SET median = median * 2")
+        before = [c.execute(f"SELECT COUNT(*) FROM {t}").fetchone()[0] for t in ("probes", "measurements")]
+    assert cli.main(["calibrate", "--check", "--backends", "onnxruntime", "--db", str(db), "--json"]) == 0
+    res = json.loads(capsys.readouterr().out)
+    ort = res["backends"]["onnxruntime"]
+    assert ort["probes"] == len(two_probes) and ort["calibrated_at"] is not None
+    assert 0.3 < res["ratio"] < 0.8, res  # about half: the stored table reads twice the latencies of now
+    with sqlite3.connect(db) as c:
+        assert [c.execute(f"SELECT COUNT(*) FROM {t}").fetchone()[0] for t in ("probes", "measurements")] == before
+    assert cli.main(["calibrate", "--check", "--backends", "onnxruntime", "--db", str(db), "--no-progress"]) == 0
+    assert "faster than when the database was calibrated" in capsys.readouterr().out
+
+
+def test_calibrate_check_without_a_calibration_names_the_fix(tmp_path, capsys):
+    from collage_ml import cli
+
+    db = tmp_path / "m.db"
+    Database(db).close()
+    assert cli.main(["calibrate", "--check", "--backends", "onnxruntime", "--db", str(db)]) != 0
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "no probe results of this machine" in err and "collage-ml calibrate --db" in err
+    assert cli.main(["calibrate", "--check", "--db", str(tmp_path / "none.db")]) != 0
+    assert "no measurement database at" in capsys.readouterr().err

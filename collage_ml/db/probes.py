@@ -67,3 +67,22 @@ class ProbeTable:
             g["values"][probe] = median
             g["t"] = max(g["t"], float(ts))
         return {b: dict(max(gs.values(), key=lambda g: g["t"])["values"]) for b, gs in groups.items()}
+
+    def probe_time(self, hardware: str, backend: str, backend_version: str, protocol: str, probe_set: int) -> float | None:
+        """When that machine and backend's stored probes were measured (the newest result's time), or None."""
+
+        def q(c: sqlite3.Connection) -> float | None:
+            try:
+                row = c.execute(
+                    "SELECT MAX(timestamp) FROM probes WHERE hardware = ? AND backend = ? AND backend_version = ? "
+                    "AND protocol = ? AND probe_set = ?",
+                    (hardware, backend, backend_version, protocol, int(probe_set)),
+                ).fetchone()
+            except sqlite3.OperationalError as e:
+                if no_table(e):
+                    return None
+                raise
+            return None if row is None or row[0] is None else float(row[0])
+
+        return self._read(q, "probe_time")
+

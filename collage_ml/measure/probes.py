@@ -253,3 +253,33 @@ def ensure_probes(
     finally:
         bar.close()
     return out
+
+
+def probe_drift(runner, backends: Sequence, db, progress: bool = False) -> dict:
+    """How far the machine has moved since ``db``'s calibration: the probe set measured again now with
+    ``runner`` (which should have no database, so nothing is stored or read from a cache), against the
+    results ``db`` holds for the runner's machine and protocol.
+
+    Returns {"backends": {name: {"calibrated_at", "ratio", "probes"}}, "ratio"}: per backend the median over
+    its probes of now / stored, and that median over every backend's probes together (below 1: faster now).
+    A backend the database never calibrated here is left out; none at all raises a CollageError.
+    """
+    from collage_ml.errors import CollageError
+
+    stored = {b.name: db.probes(runner.hardware, b.name, b.version, runner.timing.name, PROBE_SET_VERSION)
+              for b in backends}
+    have = [b for b in backends if any(v for v in stored[b.name].values())]
+    if not have:
+        raise CollageError(
+            f"{db.path} holds no probe results of this machine ({runner.hardware}, protocol {runner.timing.name}) "
+            f"for {', '.join(b.name for b in backends)}; run `collage-ml calibrate --db {db.path}` first")
+    now = ensure_probes(runner, have, progress=progress)
+    out, every = {}, []
+    for b in have:
+        ratios = [now[b.name][n] / v for n, v in stored[b.name].items() if v and now[b.name].get(n)]
+        every += ratios
+        out[b.name] = {"calibrated_at": db.probe_time(runner.hardware, b.name, b.version, runner.timing.name,
+                                                      PROBE_SET_VERSION),
+                       "ratio": float(np.median(ratios)) if ratios else None, "probes": len(ratios)}
+    return {"backends": out, "ratio": float(np.median(every)) if every else None}
+

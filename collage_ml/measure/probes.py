@@ -282,4 +282,3 @@ def probe_drift(runner, backends: Sequence, db, progress: bool = False) -> dict:
                                                       PROBE_SET_VERSION),
                        "ratio": float(np.median(ratios)) if ratios else None, "probes": len(ratios)}
     return {"backends": out, "ratio": float(np.median(every)) if every else None}
-

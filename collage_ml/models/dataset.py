@@ -243,9 +243,9 @@ def pool_probes(parts: Sequence[Dataset]) -> dict[str, int]:
     collected into it, hours or days later. On the Xeon the probes did follow the machine's drift at the
     median (a calibration that read 16% slow came with labels 12% slow), but the table that two databases
     carried, measured 10 hours before their rows, read 6% slow for rows that ran 5% fast, and on the Zen 3
-    one backend's probes moved 34% where its labels moved 13%. The ``roofline-mean`` target divides each label by its own
-    table's estimate, so a stale or noisy table becomes a bias of that database's labels; one table per
-    machine removes it, and with it the drift the tables did catch. It helped two CPU kinds of three
+    one backend's probes moved 34% where its labels moved 13%. The ``roofline-mean`` target divides each
+    label by its own table's estimate, so a stale or noisy table becomes a bias of that database's labels;
+    one table per machine removes it, and with it the drift the tables did catch. It helped two CPU kinds of three
     (docs/results/cost-models.md, "One probe table per machine"), so it is opt-in. Protocols stay apart:
     each times kernels its own way, and its calibration carries that scale to its labels."""
     from collage_ml.featurize.roofline import PROBE_NAMES

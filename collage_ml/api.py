@@ -10,7 +10,9 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from collage_ml.collector import DEFAULT_INDUCTOR_FRACTION, DEFAULT_MAX_REFERENCE_BYTES, DEFAULT_SAMPLES_PER_GRAPH
-from collage_ml.defaults import BACKENDS, COST_MODEL, DB, MAX_REGION_SIZE, MODE, MODEL_KIND, PROGRESS, THREADS
+from collage_ml.defaults import (
+    BACKENDS, COST_MODEL, DB, MAX_REGION_SIZE, MODE, MODEL_KIND, PROGRESS, RECALIBRATE_HOURS, THREADS,
+)
 from collage_ml.ir import Graph, import_model
 
 
@@ -144,6 +146,7 @@ def collect(
     ray_retries: int | None = None,
     progress: bool = PROGRESS,
     on_measurement: Callable[[Any], None] | None = None,
+    recalibrate_hours: float | None = RECALIBRATE_HOURS,
 ):
     """Measures candidates of ``models`` on ``backends`` into ``db``; resumable, shardable, budgeted.
 
@@ -153,8 +156,9 @@ def collect(
     ``sampler`` is ``"enumerate"`` (what the placement search sees), ``"random"`` (random
     convex subgraphs at several batch sizes) or ``"focus"`` (where ``cost_model`` is least
     sure). ``budget_minutes`` and ``max_candidates`` stop early; ``shard="i/n"`` measures one
-    shard; ``ray_address`` runs the shards on a Ray cluster. Every other argument is described
-    in :func:`collage_ml.collector.collect`.
+    shard; ``ray_address`` runs the shards on a Ray cluster. The machine is calibrated (the probe set)
+    when the run starts and again once its newest calibration is ``recalibrate_hours`` old (None: never).
+    Every other argument is described in :func:`collage_ml.collector.collect`.
     """
     from collage_ml.collector import collect as _collect
 
@@ -164,6 +168,7 @@ def collect(
         progress=progress, ray_address=ray_address, cost_model=cost_model, inductor_fraction=inductor_fraction,
         samples_per_graph=samples_per_graph, timing=timing, timeout=timeout, max_reference_bytes=max_reference_bytes,
         dry_run=dry_run, on_measurement=on_measurement, ray_shards=ray_shards, ray_retries=ray_retries,
+        recalibrate_hours=recalibrate_hours,
     )
 
 
@@ -304,29 +309,34 @@ def db_export_parquet(path: str | Path, out: str | Path) -> int:
 
 def calibrate(
     backends: Any = BACKENDS, *, db: Any = DB, threads: int | None = THREADS, progress: bool = PROGRESS,
-    say: Callable[[str], None] | None = None,
+    say: Callable[[str], None] | None = None, max_age_hours: float | None = RECALIBRATE_HOURS,
 ) -> dict[str, dict[str, float | None]]:
     """Measures the probe set (``measure.probes``) on this machine for ``backends`` (default: the CPU set),
-    unless ``db`` has it already; returns {backend: {probe: seconds, or None where it cannot run}}.
+    unless ``db`` has a calibration of it younger than ``max_age_hours`` (None: any age); returns
+    {backend: {probe: seconds, or None where it cannot run}}, the newest calibration.
 
-    Users who prepare a machine run it once; the results are stored in ``db`` (default: the per-user
-    database) under this machine's fingerprint and the current measurement protocol. The backends' in-context
+    Users who prepare a machine run it before they collect (``collect`` also calibrates on its own); the
+    results are stored in ``db`` (default: the per-user database) under this machine's fingerprint and the
+    current measurement protocol, a later calibration as a sitting of its own. The backends' in-context
     costs (``measure.context``, what a partition pays inside a plan) are measured and stored with them.
     """
     from collage_ml.backends import resolve_backends
     from collage_ml.db import Database, default_db_path
     from collage_ml.measure.context import ContextTable, measure_context
-    from collage_ml.measure.probes import ensure_probes
+    from collage_ml.measure.probes import ensure_probes, recalibrate
     from collage_ml.measure.runner import Runner
 
     bs = resolve_backends(backends)
     for b in bs:
         b.require()
+    if max_age_hours is not None and not max_age_hours >= 0:
+        raise ValueError(f"max_age_hours must be >= 0 or None, got {max_age_hours}")
     own = db is None or isinstance(db, (str, Path))
     database = Database(default_db_path() if db is None else db) if own else db
     try:
         with Runner(db=database, threads=threads) as r:
-            probes = ensure_probes(r, bs, progress=progress, say=say)
+            recalibrate(r, bs, None if max_age_hours is None else max_age_hours * 3600, progress=progress, say=say)
+            probes = ensure_probes(r, bs)  # the newest calibration, read back
             table = ContextTable(measure_context(r, bs, say=say))
             for line in table.describe() if say is not None else ():
                 say(line)
@@ -340,13 +350,13 @@ def calibration_drift(
     backends: Any = BACKENDS, *, db: Any = DB, threads: int | None = THREADS, progress: bool = PROGRESS,
     timing: Any = None,
 ) -> dict:
-    """Measures the probe set again, stores nothing, and compares it with the calibration ``db`` holds for
-    this machine: {"backends": {name: {"calibrated_at", "ratio", "probes"}}, "ratio"} (now / then, medians
-    over the probes; below 1, the machine runs faster now). This is ``collage-ml calibrate --check``.
+    """Measures the probe set again, stores nothing, and compares it with the newest calibration ``db``
+    holds for this machine: {"backends": {name: {"calibrated_at", "ratio", "probes"}}, "ratio"} (now / then,
+    medians over the probes; below 1, the machine runs faster now). This is ``collage-ml calibrate --check``.
 
-    A database is calibrated once per machine and backend, and its table stands for every row collected
-    into it later; the machine's speed moves by several percent over hours on the VMs measured
-    (docs/results/cost-models.md, "One probe table per machine"), and this says by how much since then.
+    The machine's speed moves by several percent over hours on the VMs measured (docs/results/cost-models.md,
+    "One probe table per machine"), and this says by how much since then: whether a new sitting wants a
+    calibration of its own before ``recalibrate_hours`` would give it one.
     """
     from collage_ml.backends import resolve_backends
     from collage_ml.db import Database, default_db_path
@@ -373,10 +383,10 @@ def calibration_drift(
 
 def db_merge(into: str | Path, other: str | Path, *, counts: bool = False) -> Any:
     """Adds every record of ``other`` missing from ``into`` (created if absent); returns the measurements added,
-    or with ``counts`` {"measurements", "boundaries", "plan_runs"}: what was added of each kind."""
+    or with ``counts`` {"measurements", "boundaries", "plan_runs", "calibrations"}: what was added of each kind."""
     with open_db(into, create=True) as db:
         n = db.merge(other)
-        return {"measurements": n, "boundaries": 0, "plan_runs": 0, **db.last_merge} if counts else n
+        return {"measurements": n, "boundaries": 0, "plan_runs": 0, "calibrations": 0, **db.last_merge} if counts else n
 
 
 __all__ = [

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import datetime
 import io
 import json
 import os
@@ -17,7 +18,7 @@ import sys
 from typing import Iterator, Sequence
 
 from collage_ml.argtypes import arg, nonneg_float, positive_int, shape
-from collage_ml.defaults import MAX_REGION_SIZE
+from collage_ml.defaults import MAX_REGION_SIZE, RECALIBRATE_HOURS
 from collage_ml.errors import CollageError, first_line
 
 
@@ -81,10 +82,13 @@ def build_parser() -> argparse.ArgumentParser:
     sh.add_argument("--db", default=None, metavar="PATH",
                     help="read partition latencies and hand-off costs from this database (default: per-user)")
 
-    ca = sub.add_parser("calibrate", help="measure the probe set on this machine (once per machine and backend)")
+    ca = sub.add_parser("calibrate", help="measure the probe set on this machine (again once the newest calibration is an hour old)")
     ca.add_argument("--backends", default=None, help="comma-separated backend names (default: the CPU set)")
     ca.add_argument("--db", default=None, help="measurement database (default: the per-user one)")
     ca.add_argument("--threads", type=arg(positive_int), default=None, help="intra-op threads for every backend")
+    ca.add_argument("--max-age", type=arg(nonneg_float), default=RECALIBRATE_HOURS, metavar="HOURS",
+                    help="measure again when the newest calibration is this old, as a sitting of its own "
+                         f"(default: {RECALIBRATE_HOURS:g})")
     ca.add_argument("--check", action="store_true",
                     help="measure the probes again, store nothing, and say how far the machine moved since the "
                          "database's calibration")
@@ -148,7 +152,7 @@ def _cmd_calibrate(args) -> int:
         return _calibrate_check(args)
 
     res = api.calibrate(args.backends, db=args.db, threads=args.threads, progress=not (args.json or args.no_progress),
-                        say=None if args.json else print)
+                        say=None if args.json else print, max_age_hours=args.max_age)
     if args.json:
         print(json.dumps(res, indent=2))
         return 0
@@ -198,6 +202,9 @@ def _cmd_db(args) -> int:
               f"{st.get('plan_timings', 0)} plans timed end to end ({st.get('plan_timings_valid', 0)} valid)")
         for what in ("backends", "families", "hardware"):
             _table(what, [what[:-1] if what != "families" else "family", "count"], sorted(st[what].items()))
+        for fp, c in sorted(st.get("calibrations", {}).items()):
+            when = datetime.datetime.fromtimestamp(c["newest"], datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+            print(f"{fp}: calibrated in {c['sittings']} sitting{'s' * (c['sittings'] != 1)}, the newest {when}")
         return 0
     if args.db_command == "export":
         n = api.db_export_parquet(args.path, args.parquet)
@@ -205,7 +212,7 @@ def _cmd_db(args) -> int:
         return 0
     n = api.db_merge(args.into, args.other, counts=True)
     print(f"merged {args.other} into {args.into}: {n['measurements']} new measurements, "
-          f"{n['boundaries']} boundary costs, {n['plan_runs']} plan runs")
+          f"{n['boundaries']} boundary costs, {n['plan_runs']} plan runs, {n['calibrations']} calibrations")
     return 0
 
 

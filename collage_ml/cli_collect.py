@@ -9,7 +9,7 @@ from collage_ml.argtypes import arg, fraction, nonneg_float, nonneg_int, positiv
 from collage_ml.collector import (
     DEFAULT_INDUCTOR_FRACTION, DEFAULT_SAMPLES_PER_GRAPH, SAMPLERS, collect, parse_batch_sizes, parse_shard,
 )
-from collage_ml.defaults import MAX_REGION_SIZE
+from collage_ml.defaults import MAX_REGION_SIZE, RECALIBRATE_HOURS
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -56,6 +56,11 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--ray", dest="ray_address", default=None, metavar="ADDRESS",
                    help="run one shard per node of this Ray cluster ('local' starts one here) and merge the results")
     p.add_argument("--cost-model", default=None, metavar="PATH", help="trained cost model (needed by --sampler focus)")
+    p.add_argument("--recalibrate-after", type=arg(nonneg_float), default=RECALIBRATE_HOURS, metavar="HOURS",
+                   help="calibrate the machine (the probe set) when the run starts, and again before a source once "
+                        f"the newest calibration is this old (default: {RECALIBRATE_HOURS:g})")
+    p.add_argument("--no-calibrate", action="store_true",
+                   help="never run the probe set (rows of an uncalibrated machine train models without its probes)")
     p.add_argument("--dry-run", action="store_true", help="plan only: count what would be measured")
     p.add_argument("--no-progress", action="store_true", help="no progress bar or summary table")
     p.add_argument("--json", action="store_true", help="print the summary as JSON on stdout")
@@ -71,6 +76,7 @@ def run(args: argparse.Namespace) -> int:
         progress=not args.no_progress, ray_address=args.ray_address, cost_model=args.cost_model,
         inductor_fraction=args.inductor_fraction, samples_per_graph=args.samples_per_graph,
         timeout=args.timeout, dry_run=args.dry_run,
+        recalibrate_hours=None if args.no_calibrate else args.recalibrate_after,
     )
     if args.json:
         print(json.dumps(summary.to_dict(), indent=2))

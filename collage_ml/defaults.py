@@ -25,7 +25,11 @@ MODE = "exhaustive"
 COST_MODEL = "default"
 #: the kind of cost model ``train`` fits
 MODEL_KIND = "xgb"
+#: ``collect`` calibrates the machine (the probe set) when it starts and again, as a sitting of its own, once
+#: the newest calibration is older than this many hours (None: never)
+RECALIBRATE_HOURS = 1.0
 #: progress bars in the Python API (the CLI shows them unless --no-progress)
 PROGRESS = False
 
-__all__ = ["BACKENDS", "COST_MODEL", "DB", "MAX_REGION_SIZE", "MODE", "MODEL_KIND", "PROGRESS", "THREADS"]
+__all__ = ["BACKENDS", "COST_MODEL", "DB", "MAX_REGION_SIZE", "MODE", "MODEL_KIND", "PROGRESS", "RECALIBRATE_HOURS",
+           "THREADS"]

@@ -38,7 +38,9 @@ FAST = TimingConfig(max_pressure=math.inf, max_steal=math.inf, contention_retrie
                     max_repeats=10, time_cap=0.2, processes=1, max_processes=1)
 MODEL = "dcgan-tiny"
 BACKENDS = "onnxruntime,torch"
-KW = dict(models=MODEL, backends=BACKENDS, max_region_size=2, threads=1, timing=FAST, progress=False)
+# no calibration (the probe set) either: test_collect_calibrates_the_machine_in_every_sitting is about it
+KW = dict(models=MODEL, backends=BACKENDS, max_region_size=2, threads=1, timing=FAST, progress=False,
+          recalibrate_hours=None)
 PLAN_KW = dict(models=MODEL, backends=BACKENDS, max_region_size=2, threads=1)
 REPO = Path(__file__).resolve().parents[1]
 
@@ -147,7 +149,7 @@ _CHILD = textwrap.dedent(
     slow = TimingConfig(max_pressure=math.inf, max_steal=math.inf, contention_retries=0, warmup=1, warmup_seconds=0.0, min_repeats=3,
                         max_repeats=10**6, max_spread=0.0, time_cap=0.25)
     collect(models={model!r}, backends={backends!r}, db=sys.argv[1], max_region_size=2, threads=1,
-            timing=slow, progress=False)
+            timing=slow, progress=False, recalibrate_hours=None)
     """
 )
 
@@ -433,7 +435,7 @@ def test_cli_run_json(full, capsys):
     path, s = full
     args = _parser().parse_args([
         "collect", "--models", MODEL, "--backends", BACKENDS, "--max-region-size", "2", "--threads", "1",
-        "--db", str(path), "--json", "--no-progress",
+        "--db", str(path), "--json", "--no-progress", "--no-calibrate",
     ])
     assert run(args) == 0
     out = json.loads(capsys.readouterr().out)
@@ -464,3 +466,46 @@ def test_focus_hook_weights_by_uncertainty_and_selects():
 
 
 # collect --ray (a real local Ray instance): tests/test_collect_ray.py
+
+
+def test_collect_calibrates_the_machine_in_every_sitting(tmp_path, monkeypatch):
+    from collage_ml.measure import probes
+
+    monkeypatch.setattr(probes, "PROBES", probes.PROBES[10:12])  # layernorm and maxpool: fast
+    kw = {**KW, "backends": "onnxruntime", "recalibrate_hours": 1.0, "max_candidates": 2}
+    path = tmp_path / "c.db"
+    s = collect(**kw, db=path)
+    assert s.calibrations == 1 and 0 < s.calibrate_s < s.measure_s and s.measured == 2  # probes are not candidates
+    assert collect(**kw, db=path).calibrations == 0  # the calibration is fresh
+    s = collect(**{**kw, "recalibrate_hours": 0.0}, db=path)  # stale at once: again before every source
+    assert s.calibrations >= 1
+    with Database(path, readonly=True) as db:
+        cals = db.calibrations(s.hardware, probes.PROBE_SET_VERSION)
+    assert len(cals) == 1 + s.calibrations and cals[0].sitting is None and all(c.sitting for c in cals[1:])
+    with pytest.raises(ValueError, match="recalibrate_hours must be >= 0"):
+        collect(**{**kw, "recalibrate_hours": -1.0}, db=path)
+
+    seen = []
+    monkeypatch.setattr("collage_ml.cli_collect.collect", lambda **k: seen.append(k["recalibrate_hours"]) or s)
+    for flags in ([], ["--recalibrate-after", "2.5"], ["--no-calibrate"]):
+        run(_parser().parse_args(["collect", "--models", MODEL, "--no-progress", *flags]))
+    assert seen == [1.0, 2.5, None]
+
+
+def test_a_candidate_measured_meanwhile_counts_as_a_cache_hit_of_its_backend(tmp_path, monkeypatch):
+    """Planned, then found in the database when its turn came (another process, or a probe of the run's
+    own calibration that is also a zoo candidate): a cache hit of its backend, before that backend has
+    measured anything."""
+    from collage_ml.measure.runner import Runner
+
+    lookup, first = Runner.lookup, []
+
+    def measured_meanwhile(self, key):
+        if not first:
+            first.append(key)
+            return object()
+        return lookup(self, key)
+
+    monkeypatch.setattr(Runner, "lookup", measured_meanwhile)
+    s = collect(**{**KW, "max_candidates": 3}, db=tmp_path / "c.db")
+    assert s.measured == 3 and s.by_backend[first[0].backend]["cache_hits"] >= 1

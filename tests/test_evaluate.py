@@ -528,3 +528,48 @@ def test_training_on_two_databases_of_one_machine_pools_their_calibrations_when_
     assert main(["train", "--db", str(paths[0]), "--db", str(paths[1]), "--model", "xgb", "-o", str(art),
                  "--pool-probes", "--param", "n_estimators=5", "--param", "n_members=1", "--param", "n_jobs=1"]) == 0
     assert "one probe table per machine, the median of its databases' calibrations: " in capsys.readouterr().out
+
+
+def test_each_row_is_read_against_the_calibration_of_its_own_sitting(tiny_db, tmp_path):
+    """A database calibrated twice, two hours apart: rows collected near each calibration carry it."""
+    import shutil
+
+    from collage_ml.db import Database
+    from collage_ml.featurize.roofline import PROBE_NAMES
+    from collage_ml.measure.probes import PROBE_SET_VERSION
+    from collage_ml.models.dataset import Dataset
+
+    p = tmp_path / "two-sittings.db"
+    shutil.copy(tiny_db, p)
+    t0 = 1.8e9
+    with Database(p) as d:
+        fps = list(d.stats()["hardware"])
+        for fp in fps:
+            for i, probe in enumerate(PROBE_NAMES):
+                d.commit_probe(fp, "onnxruntime", "1", "m5", PROBE_SET_VERSION, probe, 1e-4 * (i + 1), "h")
+                d.commit_probe(fp, "onnxruntime", "1", "m5", PROBE_SET_VERSION, probe, 3e-4 * (i + 1), "h",
+                               sitting=t0 + 7200)
+        d._write(lambda c: (c.execute("UPDATE probes SET timestamp = ?", (t0,)),
+                            c.execute("UPDATE recalibrations SET timestamp = ?", (t0 + 7230,)),
+                            # odd rows in the second sitting, even ones in the first
+                            c.execute("UPDATE measurements SET timestamp = ? + (id % 2) * 7300 + 60", (t0,))), "test")
+        late = {m.key for m in d.measurements() if m.timestamp > t0 + 3600}
+    ds = Dataset.from_db(p)
+    assert late and len(late) < len(ds)
+    for s in ds:
+        assert s.hw.probes_of("onnxruntime")[0] == pytest.approx(3e-4 if s.key in late else 1e-4)
+
+
+def test_the_calibration_of_a_row_is_the_nearest_in_time_of_its_protocol_per_backend():
+    from collage_ml.db.probes import Calibration
+    from collage_ml.models.dataset import calibration_at
+
+    def cal(backend: str, t: float, protocol: str = "m5") -> Calibration:
+        return Calibration(backend, "1", protocol, t, {"p": t}, None)
+
+    cals = [cal("ort", 0.0), cal("ort", 100.0), cal("ort", 60.0, "m3"), cal("tvm", 0.0, "m3")]
+    assert [(c.backend, c.time) for c in calibration_at(cals, "m5", 40.0)] == [("ort", 0.0), ("tvm", 0.0)]
+    assert [(c.backend, c.time) for c in calibration_at(cals, "m5", 70.0)] == [("ort", 100.0), ("tvm", 0.0)]
+    # another protocol's calibration only where the backend has none of the row's own
+    assert [(c.backend, c.time) for c in calibration_at(cals, "m3", 0.0)] == [("ort", 60.0), ("tvm", 0.0)]
+    assert calibration_at([], "m5", 0.0) == []

@@ -71,7 +71,7 @@ def test_collect_focus_shares_the_feedback_loop(tmp_path, fixture_kind):
     model = FlopsFixtureModel()
     s = collage_ml.collect(models="dcgan-tiny", backends="onnxruntime", sampler="focus", cost_model=model,
                            db=tmp_path / "c.db", max_candidates=4, batch_sizes="1", progress=False,
-                           timing=FAST)
+                           timing=FAST, recalibrate_hours=None)
     assert s.measured == 4 and s.model_updates >= 1
     assert 0 < len(model.seen) <= 4
     saved = list((tmp_path / "cost-models").iterdir())

@@ -117,3 +117,75 @@ def test_calibrate_check_without_a_calibration_names_the_fix(tmp_path, capsys):
     assert "\n" not in err and "no probe results of this machine" in err and "collage-ml calibrate --db" in err
     assert cli.main(["calibrate", "--check", "--db", str(tmp_path / "none.db")]) != 0
     assert "no measurement database at" in capsys.readouterr().err
+
+
+def test_a_stale_calibration_is_measured_again_as_a_sitting_of_its_own(tmp_path, two_probes):
+    ort = OnnxRuntimeBackend()
+    key = lambda r: (r.hardware, ort.name, ort.version, LEGACY.name, probes.PROBE_SET_VERSION)  # noqa: E731
+    with Database(tmp_path / "m.db") as db:
+        with Runner(db=db, threads=1, timing=LEGACY) as r:
+            assert probes.recalibrate(r, [ort], 3600.0) == {"onnxruntime": "first"}
+            rows = len(list(db.measurements()))
+            assert probes.recalibrate(r, [ort], 3600.0) == {} and r.measured == len(two_probes)  # fresh: kept
+            assert probes.recalibrate(r, [ort], None) == {}  # None: never again
+            said = []
+            assert probes.recalibrate(r, [ort], 0.0, say=said.append) == {"onnxruntime": "again"}
+            assert r.measured == 2 * len(two_probes)  # measured again, past the measurement cache
+            assert len(said) == 1 and "onnxruntime again" in said[0] and "h old" in said[0]
+        first, later = db.calibrations(r.hardware, probes.PROBE_SET_VERSION)
+        assert first.sitting is None and later.sitting is not None and first.time <= later.sitting <= later.time
+        assert set(first.values) == set(later.values) == set(two_probes) and first.values != later.values
+        assert db.probes(*key(r)) == later.values and db.probe_time(*key(r)) == later.time  # the newest
+        assert db.probe_table(r.hardware, probes.PROBE_SET_VERSION) == {"onnxruntime": later.values}
+        assert db.stats()["calibrations"] == {r.hardware: {"sittings": 2, "newest": later.time}}
+        assert len(list(db.measurements())) == rows  # the probes' own rows stay the first sitting's
+    with Runner(db=None, threads=1, timing=LEGACY) as r, pytest.raises(ValueError, match="needs a runner with a database"):
+        probes.recalibrate(r, [ort], 0.0)
+
+
+def test_merge_keeps_every_sittings_calibration(tmp_path):
+    def calibrated(name: str, value: float) -> str:
+        with Database(tmp_path / name) as db:
+            db.commit_probe("hw", "onnxruntime", "1", "m5", 1, "p@b1", value, "h")
+            db.commit_probe("hw", "onnxruntime", "1", "m5", 1, "p@b16", 2 * value, "h")
+        return str(tmp_path / name)
+
+    a, b = calibrated("a.db", 1e-3), calibrated("b.db", 2e-3)  # one machine, calibrated in two sittings
+
+    def sittings(path) -> list[tuple[bool, float]]:
+        with Database(path, readonly=True) as db:
+            return [(c.sitting is None, c.values["p@b1"]) for c in db.calibrations("hw", 1)]
+
+    with Database(a) as db:
+        db.merge(b)
+        assert db.last_merge["calibrations"] == 1
+        db.merge(b)  # idempotent
+        assert db.last_merge["calibrations"] == 0
+    assert sittings(a) == [(True, 1e-3), (False, 2e-3)]  # b's first calibration is a later sitting here
+    with Database(b) as db:
+        db.merge(a)  # a's first comes across; b's own, come back through a, is not copied twice
+        assert db.last_merge["calibrations"] == 1
+    assert sittings(b) == [(False, 1e-3), (True, 2e-3)]  # oldest first: a's sitting came before b's
+    with Database(tmp_path / "c.db") as db:  # a new file takes a's first as its first, and the sitting after it
+        db.merge(a)
+        assert db.last_merge["calibrations"] == 2
+    assert sittings(tmp_path / "c.db") == [(True, 1e-3), (False, 2e-3)]
+
+
+def test_calibrate_measures_again_only_past_max_age(tmp_path, two_probes, monkeypatch, capsys):
+    from collage_ml import api, cli
+
+    monkeypatch.setenv("COLLAGE_ML_THREADS", "1")
+    db = tmp_path / "m.db"
+    first = api.calibrate("onnxruntime", db=db)
+    assert api.calibrate("onnxruntime", db=db) == first  # younger than an hour: read back
+    assert cli.main(["calibrate", "--backends", "onnxruntime", "--db", str(db), "--max-age", "0", "--json"]) == 0
+    with Database(db, readonly=True) as d:
+        cals = d.calibrations(next(iter(d.stats()["hardware"])), probes.PROBE_SET_VERSION)
+    assert [c.sitting is None for c in cals] == [True, False] and cals[0].values == first["onnxruntime"]
+    assert api.calibrate("onnxruntime", db=db) == {"onnxruntime": cals[1].values}  # the newest
+    capsys.readouterr()
+    assert cli.main(["db", "stats", str(db)]) == 0
+    assert ": calibrated in 2 sittings, the newest 20" in capsys.readouterr().out
+    with pytest.raises(ValueError, match="max_age_hours must be >= 0"):
+        api.calibrate("onnxruntime", db=db, max_age_hours=-1)

@@ -226,9 +226,9 @@ def test_merge_carries_both_tables_and_old_rows(tmp_path):
     assert raw_count(tmp_path / "c.db", "SELECT COUNT(*) FROM measurements") == 1  # c: an old row, unmoved
     with Database(a) as db:
         db.merge(b)
-        assert db.last_merge == {"measurements": 0, "boundaries": 1, "plan_runs": 2}
+        assert db.last_merge == {"measurements": 0, "boundaries": 1, "plan_runs": 2, "calibrations": 0}
         db.merge(b)  # idempotent
-        assert db.last_merge == {"measurements": 0, "boundaries": 0, "plan_runs": 0}
+        assert db.last_merge == {"measurements": 0, "boundaries": 0, "plan_runs": 0, "calibrations": 0}
         assert db.get_boundary(KEY, HW).median == pytest.approx(1.3e-3)
         assert db.get_boundary(other, HW).median == pytest.approx(5e-4)
         assert db.get_plan_timing("p0", HW).process_medians == [2e-3, 1e-3]
@@ -370,6 +370,6 @@ def test_db_merge_cli_counts_every_kind(tmp_path, capsys):
         db.commit_plan_timing(plan_timing(runs=[(1e-3, 0, 100.0), (1.1e-3, 1, 101.0)]))
     assert main(["db", "merge", str(a), str(b)]) == 0
     out = capsys.readouterr().out
-    assert out.strip().endswith(": 0 new measurements, 1 boundary costs, 2 plan runs"), out
+    assert out.strip().endswith(": 0 new measurements, 1 boundary costs, 2 plan runs, 0 calibrations"), out
     assert main(["db", "merge", str(a), str(b)]) == 0  # idempotent
-    assert capsys.readouterr().out.strip().endswith(": 0 new measurements, 0 boundary costs, 0 plan runs")
+    assert capsys.readouterr().out.strip().endswith(": 0 new measurements, 0 boundary costs, 0 plan runs, 0 calibrations")

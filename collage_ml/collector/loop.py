@@ -15,7 +15,7 @@ from collage_ml.collector.sharding import DEFAULT_INDUCTOR_FRACTION, _key_tuple,
 from collage_ml.collector.sources import _import, parse_batch_sizes, resolve_models
 from collage_ml.collector.summary import CollectSummary, _new_backend_counts, print_summary
 from collage_ml.db import default_db_path
-from collage_ml.defaults import MAX_REGION_SIZE
+from collage_ml.defaults import MAX_REGION_SIZE, RECALIBRATE_HOURS
 from collage_ml.errors import CollageError, describe
 from collage_ml.ui import Bar
 
@@ -48,6 +48,7 @@ def collect(
     on_measurement: Callable[[Any], None] | None = None,
     ray_shards: int | None = None,
     ray_retries: int | None = None,
+    recalibrate_hours: float | None = RECALIBRATE_HOURS,
     _skip: Mapping[str, Iterable[tuple[str, str, str]]] | None = None,
 ) -> CollectSummary:
     """Measures candidates of ``models`` on ``backends`` into ``db``; resumable, shardable, budgeted.
@@ -76,6 +77,9 @@ def collect(
       databases into ``db``; Ray reruns a shard whose worker died up to ``ray_retries`` times
       (default :data:`RAY_TASK_RETRIES`), resuming its database.
     - ``on_measurement(measurement)`` is called after each new measurement.
+    - ``recalibrate_hours``: the machine is calibrated (the probe set, ``measure.probes``) when the run
+      starts, unless the database has a calibration of it younger than this, and again before a source once
+      the newest is older (None: never); each calibration counts in the budget and the summary.
 
     Ctrl-C stops cleanly: the summary says ``stopped="interrupted"``.
     """
@@ -90,6 +94,8 @@ def collect(
         raise ValueError(f"max_candidates must be an integer >= 0, got {max_candidates}")
     if threads is not None and (not isinstance(threads, int) or threads < 1):
         raise ValueError(f"threads must be an integer >= 1, got {threads!r}")
+    if recalibrate_hours is not None and not recalibrate_hours >= 0:
+        raise ValueError(f"recalibrate_hours must be >= 0 or None, got {recalibrate_hours}")
     if ray_address is not None:
         if shard_t is not None:
             raise ValueError("--shard and --ray cannot be combined: with --ray, each node collects one shard")
@@ -101,7 +107,7 @@ def collect(
                 sampler=sampler, seed=seed, threads=threads, max_region_size=max_region_size,
                 batch_sizes=batch_sizes, cost_model=cost_model, inductor_fraction=inductor_fraction,
                 samples_per_graph=samples_per_graph, timing=timing, timeout=timeout,
-                max_reference_bytes=max_reference_bytes, dry_run=dry_run,
+                max_reference_bytes=max_reference_bytes, dry_run=dry_run, recalibrate_hours=recalibrate_hours,
             ),
         )
 
@@ -174,7 +180,7 @@ def collect(
                 prog.task("measuring", total)
                 try:
                     _measure(p, works if lazy else p.works, database, summary, prog, t_start, budget_minutes,
-                             max_candidates, threads, timing, timeout, on_measurement, feedback)
+                             max_candidates, threads, timing, timeout, on_measurement, feedback, recalibrate_hours)
                 finally:
                     _add_plan_counts(summary, p)
         summary.elapsed_s = _clock() - t_start
@@ -204,14 +210,17 @@ def _add_plan_counts(summary: CollectSummary, p: CollectPlan) -> None:
 def _measure(
     p: CollectPlan, works: list[_Work] | Iterator[_Work], db, summary: CollectSummary, prog: Bar, t_start: float,
     budget_minutes, max_candidates, threads: int, timing, timeout: float, on_measurement, feedback=None,
+    recalibrate_hours: float | None = None,
 ) -> None:
     """Measures the works through the tuner's measure step, which commits each measurement and hands it to
     ``feedback`` (the focus sampler's cost model; flushed once per source). ``works`` is a list (planned up
     front) or :func:`plan_lazily`'s iterator, which plans the next source when asked; the bar's total is then
-    the candidates planned so far, extrapolated over the sources left."""
+    the candidates planned so far, extrapolated over the sources left. Before each source the machine's
+    calibration is brought up to date (``recalibrate_hours``; :func:`~collage_ml.measure.probes.recalibrate`)."""
     from collage_ml.candidates import Candidate
     from collage_ml.cost import CandidateKey
     from collage_ml.ir.graph import SubGraph
+    from collage_ml.measure.probes import recalibrate
     from collage_ml.measure.runner import Runner
     from collage_ml.measure.timing import TimingConfig
     from collage_ml.search.tuner import Tuner
@@ -248,6 +257,11 @@ def _measure(
                 prog.set_total(total if max_candidates is None else min(total, int(max_candidates)))
             else:
                 work = queue.popleft()
+            if recalibrate_hours is not None:
+                prog.phase("calibrating (the probe set)")
+                t_cal = _clock()
+                summary.calibrations += len(recalibrate(runner, p.backends, recalibrate_hours * 3600))
+                summary.calibrate_s += _clock() - t_cal
             prog.phase(f"{work.label}: reference")
             try:
                 graph = work.graph if work.graph is not None else _import(work.model, work.batch)
@@ -284,9 +298,8 @@ def _measure(
                                 f"{work.label} changed between planning and measuring (a node set hashes "
                                 "differently); run collect again"
                             )
-                        if runner.lookup(CandidateKey(*key)) is not None:  # another process measured it meanwhile
-                            summary.cache_hits += 1
-                            summary.by_backend[c.backend.name]["cache_hits"] += 1
+                        if runner.lookup(CandidateKey(*key)) is not None:  # measured meanwhile: by another
+                            summary._hit(c.backend.name)  # process, or as a probe of this run's calibration
                             done += 1
                             prog.step()
                             continue
@@ -301,8 +314,7 @@ def _measure(
                 for c, m in zip(chunk, ms):
                     done += 1
                     if not new[c.key]:  # another process committed it first
-                        summary.cache_hits += 1
-                        summary.by_backend[c.backend.name]["cache_hits"] += 1
+                        summary._hit(c.backend.name)
                         prog.step()
                         continue
                     summary._record(c.backend.name, work.family, m.valid)

@@ -22,9 +22,10 @@ class CollectSummary:
     ``complete``, ``budget``, ``max_candidates``, ``interrupted`` or ``dry-run``. ``remaining`` is
     what was planned but not measured. Sources are planned one at a time as the run reaches them
     (except for the focus sampler and dry runs), so a run that stops early has ``unplanned_sources``
-    (model and batch pairs) whose candidates no count includes yet. ``rate_per_min`` is measurements
-    per minute of the measuring phase (``measure_s``: with sources planned as the run reaches them,
-    their planning too); ``elapsed_s`` is the whole run.
+    (model and batch pairs) whose candidates no count includes yet. ``calibrations`` counts the probe-set
+    runs (one per backend and sitting) the run measured, in ``calibrate_s`` seconds of ``measure_s``.
+    ``rate_per_min`` is measurements per minute of the measuring phase less its calibrations (``measure_s``:
+    with sources planned as the run reaches them, their planning too); ``elapsed_s`` is the whole run.
     """
 
     db: str = ""
@@ -50,6 +51,8 @@ class CollectSummary:
     by_backend: dict[str, dict[str, int]] = field(default_factory=dict)
     by_family: dict[str, dict[str, int]] = field(default_factory=dict)
     model_updates: int = 0  # focus sampler: cost-model updates from this run's measurements
+    calibrations: int = 0  # probe-set runs (one per backend and sitting) this run measured
+    calibrate_s: float = 0.0  # the seconds they took (part of measure_s)
     skipped: list[str] = field(default_factory=list)
     stopped: str = "complete"
     elapsed_s: float = 0.0
@@ -62,7 +65,8 @@ class CollectSummary:
 
     @property
     def rate_per_min(self) -> float:
-        return self.measured / self.measure_s * 60 if self.measure_s > 0 else 0.0
+        busy = self.measure_s - self.calibrate_s
+        return self.measured / busy * 60 if busy > 0 else 0.0
 
     @property
     def invalid_by_backend(self) -> dict[str, int]:
@@ -74,7 +78,14 @@ class CollectSummary:
         d["invalid_by_backend"] = self.invalid_by_backend
         d["elapsed_s"] = round(self.elapsed_s, 3)
         d["measure_s"] = round(self.measure_s, 3)
+        d["calibrate_s"] = round(self.calibrate_s, 3)
         return d
+
+    def _hit(self, backend: str) -> None:
+        """A planned candidate found in the database when its turn came (another process, or the probe set,
+        measured it meanwhile)."""
+        self.cache_hits += 1
+        self.by_backend.setdefault(backend, _new_backend_counts())["cache_hits"] += 1
 
     def _record(self, backend: str, family: str, valid: bool) -> None:
         self.measured += 1
@@ -97,7 +108,7 @@ class CollectSummary:
             return CollectSummary(**override)
         out = CollectSummary(**{**asdict(parts[0]), "by_backend": {}, "by_family": {}, "skipped": []})
         for k in ("candidates", "planned", "measured", "cache_hits", "subsampled", "valid", "invalid", "remaining",
-                  "unplanned_sources"):
+                  "unplanned_sources", "calibrations"):
             setattr(out, k, sum(getattr(p, k) for p in parts))
         for p in parts:
             for b, c in p.by_backend.items():
@@ -112,6 +123,7 @@ class CollectSummary:
         stops = {p.stopped for p in parts}
         out.stopped = "complete" if stops == {"complete"} else next(s for s in [p.stopped for p in parts] if s != "complete")
         out.measure_s = max(p.measure_s for p in parts)
+        out.calibrate_s = max(p.calibrate_s for p in parts)
         out.elapsed_s = max(p.elapsed_s for p in parts)
         for k, v in override.items():
             setattr(out, k, v)
@@ -141,6 +153,8 @@ def summary_table(s: CollectSummary):
     )
     if s.unplanned_sources:
         caption += f" and {s.unplanned_sources} source{'s' * (s.unplanned_sources != 1)} not planned yet"
+    if s.calibrations:
+        caption += f"; {s.calibrations} calibration{'s' * (s.calibrations != 1)} in {_fmt_time(s.calibrate_s)}"
     if s.inductor_fraction < 1 and any(_subsampled_backend(b) for b in s.by_backend):
         caption += f"; inductor subsampled to {s.inductor_fraction:g}"
     caption += f"\nhardware {s.hardware}\ndb {s.db}"

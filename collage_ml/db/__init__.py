@@ -35,7 +35,9 @@ application id is :data:`APPLICATION_ID`):
 
 - ``probes(hardware, backend, backend_version, protocol, probe_set, probe, median, subgraph_hash, timestamp)``:
   the probe set's latencies per machine and backend (``measure.probes``), a record of its own kind; ``median``
-  is NULL where the backend cannot run that probe.
+  is NULL where the backend cannot run that probe. This is a key's first calibration; each later one (a
+  sitting of its own) is in ``recalibrations``, the same columns and ``sitting`` (when it started), added
+  without a schema bump (``db.probes``).
 
 Schema 1 had neither ``status``, ``attempts``, ``protocol`` nor ``probes``: opening such a
 file for writing migrates it in one transaction (every row kept, with protocol

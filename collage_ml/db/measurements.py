@@ -270,10 +270,12 @@ class MeasurementTables:
         kept, but left out of training) and ``retimed`` (rows with at least one timing window taken again
         because the hypervisor or another task disturbed it). The records of other kinds: ``boundaries``
         (boundary costs, any status) and ``plan_timings`` (plans judged end to end), and
-        ``boundaries_valid`` and ``plan_timings_valid``."""
+        ``boundaries_valid`` and ``plan_timings_valid``; ``calibrations``: per fingerprint, the probe set's
+        ``sittings`` and when the ``newest`` was measured (whole file)."""
         where, args = self._where(hardware, None, None, None)
         records = self.record_counts(hardware=hardware)
         valid_records = self.record_counts(hardware=hardware, valid=True)
+        calibrations = self.calibration_counts()
 
         def q(c: sqlite3.Connection) -> dict[str, Any]:
             total, n_valid, n_sub = c.execute(
@@ -311,6 +313,7 @@ class MeasurementTables:
                 "boundaries_valid": valid_records["boundaries"],
                 "plan_timings": records["plan_timings"],
                 "plan_timings_valid": valid_records["plan_timings"],
+                "calibrations": calibrations,
             }
 
         return self._read(q, "stats")

@@ -6,6 +6,7 @@ import os
 import sqlite3
 from pathlib import Path
 
+from collage_ml.db.probes import merge_calibrations
 from collage_ml.db.records import LEGACY_RANGE, boundary_row, put_boundary, put_plan
 from collage_ml.db.rows import COLS, KEY_COLUMNS, MEASUREMENT_COLUMNS
 from collage_ml.db.schema import V1_EXPR
@@ -18,12 +19,13 @@ class Merge:
     ``_replace_failed`` from the class it is mixed into."""
 
     def merge(self, other_path: str | os.PathLike) -> int:
-        """Add every measurement, subgraph, hardware, probe, boundary and plan-timing row of another database
-        that this one lacks.
+        """Add every measurement, subgraph, hardware, calibration, boundary and plan-timing row of another
+        database that this one lacks (a calibration of a machine this one has calibrated already comes across as
+        a later sitting's: :func:`~collage_ml.db.probes.merge_calibrations`).
 
         Returns the number of measurements added or upgraded (``last_merge`` also counts the ``boundaries``
-        added or upgraded and the ``plan_runs`` added). Idempotent; on a key clash it keeps the existing row,
-        except that a ``failed`` row here gives way to the other file's valid or invalid one, and a plan timing
+        added or upgraded, the ``plan_runs`` added and the ``calibrations`` new here). Idempotent; on a key
+        clash it keeps the existing row, except that a ``failed`` row here gives way to the other file's valid or invalid one, and a plan timing
         gains the other file's runs it lacks. The other file is only read (a schema-1 file is read as if
         migrated; its old boundary rows come across as boundary costs). A foreign, corrupt or newer file raises
         :class:`DatabaseError`.
@@ -64,9 +66,10 @@ class Merge:
                     ).rowcount
                     n_bound = sum(put_boundary(c, row, "main.") for row in other_boundaries)
                     n_runs = sum(put_plan(c, p, "main.") for p in other_plans)
-                    self.last_merge = {"measurements": added, "boundaries": n_bound, "plan_runs": n_runs}
-                    if other_has_probes:
-                        c.execute("INSERT OR IGNORE INTO main.probes SELECT * FROM other.probes")
+                    self.last_merge = {"measurements": added, "boundaries": n_bound, "plan_runs": n_runs,
+                                       "calibrations": 0}
+                    if other_has_probes:  # every sitting's calibration, the first ones included
+                        self.last_merge["calibrations"] = merge_calibrations(c)
                     # a failed row here gives way to the other file's settled one
                     failed = c.execute(
                         "SELECT subgraph_hash, backend, backend_version, hardware, protocol FROM main.measurements "

@@ -1,35 +1,70 @@
-"""The probe set's results per machine and backend (``measure.probes``), a record of their own kind."""
+"""The probe set's results per machine and backend (``measure.probes``), records of their own kind.
+
+A *calibration* is the probe set measured once, in one sitting. The first calibration of a (machine,
+backend, backend version, protocol, probe-set version) lives in ``probes``, where it also marks the machine
+as calibrated; each later one, measured because the first grew old (``measure.probes.recalibrate``) or
+brought in by ``db merge``, lives in ``recalibrations`` under its own ``sitting`` (when it started).
+:meth:`ProbeTable.calibrations` lists them all, so a row can be read against the calibration of its own
+sitting (``models.dataset``), and :meth:`ProbeTable.probes` / :meth:`ProbeTable.probe_table` give the
+newest, the one that describes the machine now.
+"""
 
 from __future__ import annotations
 
 import sqlite3
 import time
-from typing import Any
+from typing import NamedTuple
 
 from collage_ml.db.sql import no_table, opt_float
 
-#: the WHERE clause of one machine, backend, backend version, protocol and probe-set version
-_KEY = "hardware = ? AND backend = ? AND backend_version = ? AND protocol = ? AND probe_set = ?"
+
+_COLUMNS = """
+    hardware TEXT NOT NULL,
+    backend TEXT NOT NULL,
+    backend_version TEXT NOT NULL,
+    protocol TEXT NOT NULL,
+    probe_set INT NOT NULL,
+    probe TEXT NOT NULL,
+    median REAL,
+    subgraph_hash TEXT NOT NULL,
+    timestamp REAL NOT NULL,"""
+_KEY = "hardware, backend, backend_version, protocol, probe_set"
+PROBES_TABLE = f"CREATE TABLE IF NOT EXISTS probes ({_COLUMNS}\n    PRIMARY KEY ({_KEY}, probe)\n)"
+RECALIBRATIONS_TABLE = (f"CREATE TABLE IF NOT EXISTS recalibrations ({_COLUMNS}\n    sitting REAL NOT NULL,\n"
+                        f"    PRIMARY KEY ({_KEY}, sitting, probe)\n)")
+
+
+class Calibration(NamedTuple):
+    """One backend's probe set as measured in one sitting."""
+
+    backend: str
+    backend_version: str
+    protocol: str
+    time: float  # when its newest result was recorded
+    values: dict  # {probe: seconds, or None where the backend cannot run it}
+    sitting: float | None  # None: the first calibration (the ``probes`` table)
 
 
 class ProbeTable:
-    """The ``probes`` table: the part of :class:`~collage_ml.db.Database` that keeps probe results.
-    Needs ``_read`` and ``_write`` from the class it is mixed into."""
+    """The ``probes`` and ``recalibrations`` tables: the part of :class:`~collage_ml.db.Database` that keeps
+    probe results. Needs ``_read`` and ``_write`` from the class it is mixed into."""
 
     def commit_probe(
         self, hardware: str, backend: str, backend_version: str, protocol: str, probe_set: int, probe: str,
-        median: float | None, subgraph_hash: str,
+        median: float | None, subgraph_hash: str, sitting: float | None = None,
     ) -> bool:
-        """Record one probe result (None: the backend cannot run it); the first one of its key stays. True if new."""
+        """Record one probe result (None: the backend cannot run it) of the first calibration, or, with
+        ``sitting`` (when that calibration started), of a later one. The first result of a key stays. True if new."""
         row = (hardware, backend, backend_version, protocol, int(probe_set), probe, opt_float(median), subgraph_hash,
                time.time())
-        return self._write(
-            lambda c: c.execute("INSERT OR IGNORE INTO probes VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", row).rowcount == 1,
-            "commit_probe",
-        )
+        if sitting is None:
+            sql, row = "INSERT OR IGNORE INTO probes VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", row
+        else:
+            sql, row = "INSERT OR IGNORE INTO recalibrations VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", (*row, float(sitting))
+        return self._write(lambda c: c.execute(sql, row).rowcount == 1, "commit_probe")
 
     def _select(self, sql: str, params: tuple, what: str) -> list[tuple]:
-        """The rows of a query on the ``probes`` table; none from a file without it (a schema-1 file read-only)."""
+        """The rows of a query; none from a file without the table (an older file opened read-only)."""
 
         def q(c: sqlite3.Connection) -> list[tuple]:
             try:
@@ -41,27 +76,95 @@ class ProbeTable:
 
         return self._read(q, what)
 
+    def calibrations(
+        self, hardware: str, probe_set: int, backend: str | None = None, backend_version: str | None = None,
+        protocol: str | None = None,
+    ) -> list[Calibration]:
+        """Every calibration of one machine and probe-set version (narrowed to a backend, version and protocol
+        where given), oldest first."""
+        cond, params = "hardware = ? AND probe_set = ?", [hardware, int(probe_set)]
+        for col, v in (("backend", backend), ("backend_version", backend_version), ("protocol", protocol)):
+            if v is not None:
+                cond += f" AND {col} = ?"
+                params.append(v)
+        cols = "backend, backend_version, protocol, probe, median, timestamp"
+        rows = [(*r, None) for r in self._select(f"SELECT {cols} FROM probes WHERE {cond}", tuple(params), "calibrations")]
+        rows += self._select(f"SELECT {cols}, sitting FROM recalibrations WHERE {cond}", tuple(params), "calibrations")
+        groups: dict[tuple, dict] = {}
+        for b, version, proto, probe, median, ts, sitting in rows:
+            g = groups.setdefault((b, version, proto, sitting), {"t": 0.0, "values": {}})
+            g["values"][probe] = median
+            g["t"] = max(g["t"], float(ts))
+        out = [Calibration(b, v, p, g["t"], g["values"], s) for (b, v, p, s), g in groups.items()]
+        return sorted(out, key=lambda c: (c.time, c.backend))
+
+    def calibration_counts(self) -> dict[str, dict[str, float]]:
+        """{fingerprint: {"sittings": calibrations of any backend, "newest": when the newest ended}}."""
+        out: dict[str, dict[str, float]] = {}
+        for table, sittings in (("probes", "1"), ("recalibrations", "COUNT(DISTINCT sitting)")):
+            for hw, n, t in self._select(f"SELECT hardware, {sittings}, MAX(timestamp) FROM {table} GROUP BY hardware",
+                                         (), "calibration_counts"):
+                c = out.setdefault(hw, {"sittings": 0, "newest": 0.0})
+                c["sittings"] += int(n)
+                c["newest"] = max(c["newest"], float(t))
+        return out
+
     def probes(
         self, hardware: str, backend: str, backend_version: str, protocol: str, probe_set: int,
     ) -> dict[str, float | None]:
-        """{probe: seconds or None} recorded for that machine, backend, protocol and probe-set version."""
-        return dict(self._select(f"SELECT probe, median FROM probes WHERE {_KEY}",
-                                 (hardware, backend, backend_version, protocol, int(probe_set)), "probes"))
+        """{probe: seconds or None} of that machine, backend, protocol and probe-set version: the newest
+        calibration's, over the first one's where a later calibration lacks a probe."""
+        out: dict[str, float | None] = {}
+        for cal in self.calibrations(hardware, probe_set, backend, backend_version, protocol):
+            out.update(cal.values)
+        return out
 
     def probe_time(self, hardware: str, backend: str, backend_version: str, protocol: str, probe_set: int) -> float | None:
-        """When that machine and backend's stored probes were measured (the newest result's time), or None."""
-        rows = self._select(f"SELECT MAX(timestamp) FROM probes WHERE {_KEY}",
-                            (hardware, backend, backend_version, protocol, int(probe_set)), "probe_time")
-        return None if not rows or rows[0][0] is None else float(rows[0][0])
+        """When that machine and backend were last calibrated (the newest result's time), or None."""
+        cals = self.calibrations(hardware, probe_set, backend, backend_version, protocol)
+        return cals[-1].time if cals else None
 
     def probe_table(self, hardware: str, probe_set: int) -> dict[str, dict[str, float | None]]:
-        """{backend: {probe: seconds or None}} recorded for one machine and probe-set version, whatever the
-        backend version and protocol; where a backend has several, the group with the newest result wins."""
-        rows = self._select("SELECT backend, backend_version, protocol, probe, median, timestamp FROM probes "
-                            "WHERE hardware = ? AND probe_set = ?", (hardware, int(probe_set)), "probe_table")
-        groups: dict[str, dict[tuple[str, str], dict[str, Any]]] = {}
-        for backend, version, protocol, probe, median, ts in rows:
-            g = groups.setdefault(backend, {}).setdefault((version, protocol), {"t": 0.0, "values": {}})
-            g["values"][probe] = median
-            g["t"] = max(g["t"], float(ts))
-        return {b: dict(max(gs.values(), key=lambda g: g["t"])["values"]) for b, gs in groups.items()}
+        """{backend: {probe: seconds or None}} of one machine and probe-set version, whatever the backend
+        version and protocol: each backend's newest calibration."""
+        out: dict[str, dict[str, float | None]] = {}
+        for cal in self.calibrations(hardware, probe_set):  # oldest first: the newest stays
+            out[cal.backend] = dict(cal.values)
+        return out
+
+
+def merge_calibrations(c: sqlite3.Connection, other: str = "other") -> int:
+    """Copies the calibrations of the attached database ``other`` into ``main`` (inside the caller's
+    transaction); returns how many calibrations (key and sitting) were new here.
+
+    A first calibration whose key ``main`` lacks stays a first calibration; one whose key ``main`` has already
+    becomes a recalibration, its sitting the time of its first result, so a merged database keeps every
+    sitting's calibration (the rows collected in it are read against it). Later calibrations come across as
+    they are. A calibration ``main`` holds already (the same results, at the same times) is not copied twice.
+    """
+    have_tables = {r[0] for r in c.execute(f"SELECT name FROM {other}.sqlite_master WHERE type = 'table'")}
+    if "probes" not in have_tables:
+        return 0
+    firsts = c.execute(f"SELECT * FROM {other}.probes").fetchall()
+    laters = c.execute(f"SELECT * FROM {other}.recalibrations").fetchall() if "recalibrations" in have_tables else []
+    main_first = {tuple(r) for r in c.execute("SELECT hardware, backend, backend_version, protocol, probe_set, probe, "
+                                              "timestamp FROM main.probes")}
+    main_keys = {r[:5] for r in main_first}
+    groups: dict[tuple, list[tuple]] = {}
+    for r in firsts:
+        groups.setdefault(tuple(r[:5]), []).append(tuple(r))
+    new: set[tuple] = set()
+    for key, rows in groups.items():
+        if key not in main_keys:
+            for r in rows:
+                if c.execute("INSERT OR IGNORE INTO main.probes VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", r).rowcount:
+                    new.add((*key, None))
+        else:
+            sitting = min(float(r[8]) for r in rows)
+            laters += [(*r, sitting) for r in rows]
+    for r in laters:
+        if (*r[:6], r[8]) in main_first:  # main's own first calibration, come back
+            continue
+        if c.execute("INSERT OR IGNORE INTO main.recalibrations VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", r).rowcount:
+            new.add((*r[:5], r[9]))
+    return len(new)

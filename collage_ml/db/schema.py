@@ -16,6 +16,7 @@ from collage_ml.db.records import (
     create_tables as create_record_tables,
     move_legacy_boundaries,
 )
+from collage_ml.db.probes import PROBES_TABLE, RECALIBRATIONS_TABLE
 from collage_ml.db.rows import COLS, MEASUREMENT_COLUMNS, measurement_from_row
 from collage_ml.db.sql import file_uri, immediate, is_busy
 from collage_ml.errors import DatabaseError
@@ -77,21 +78,8 @@ CREATE TABLE IF NOT EXISTS measurements (
     UNIQUE (subgraph_hash, backend, backend_version, hardware, protocol)
 );
 CREATE INDEX IF NOT EXISTS measurements_by_hardware ON measurements (hardware, backend);
-CREATE TABLE IF NOT EXISTS probes (
-    hardware TEXT NOT NULL,
-    backend TEXT NOT NULL,
-    backend_version TEXT NOT NULL,
-    protocol TEXT NOT NULL,
-    probe_set INT NOT NULL,
-    probe TEXT NOT NULL,
-    median REAL,
-    subgraph_hash TEXT NOT NULL,
-    timestamp REAL NOT NULL,
-    PRIMARY KEY (hardware, backend, backend_version, protocol, probe_set, probe)
-);
 """
 _MEASUREMENTS_TABLE = _SCHEMA[_SCHEMA.index("CREATE TABLE IF NOT EXISTS measurements"):_SCHEMA.index("CREATE INDEX")]
-_PROBES_TABLE = _SCHEMA[_SCHEMA.index("CREATE TABLE IF NOT EXISTS probes"):]
 
 
 class Schema:
@@ -188,13 +176,17 @@ class Schema:
             if self.schema_version < SCHEMA_VERSION:
                 self._migrate(c)
             elif not c.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'probes'").fetchone():
-                c.execute(_PROBES_TABLE)  # a schema-2 file from before the probes table
+                c.execute(PROBES_TABLE)  # a schema-2 file from before the probes table
+            if not c.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'recalibrations'").fetchone():
+                c.execute(RECALIBRATIONS_TABLE)  # a file from before the recalibrations table (additive, no bump)
             self._setup_records(c)
             return
         with immediate(c):
             for stmt in _SCHEMA.split(";"):
                 if stmt.strip():
                     c.execute(stmt)
+            c.execute(PROBES_TABLE)
+            c.execute(RECALIBRATIONS_TABLE)
             create_record_tables(c)
             c.executemany(
                 "INSERT OR IGNORE INTO meta (key, value) VALUES (?, ?)",
@@ -245,7 +237,7 @@ class Schema:
                 c.execute("DROP TABLE measurements")
                 c.execute("ALTER TABLE measurements_v2 RENAME TO measurements")
                 c.execute("CREATE INDEX IF NOT EXISTS measurements_by_hardware ON measurements (hardware, backend)")
-                c.execute(_PROBES_TABLE)
+                c.execute(PROBES_TABLE)
                 c.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'", (str(SCHEMA_VERSION),))
                 c.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
         self.schema_version = SCHEMA_VERSION

@@ -14,11 +14,16 @@ backend, backend version, protocol) under the current measurement protocol,
 through the ordinary :class:`~collage_ml.measure.runner.Runner` (so every probe
 is also an ordinary, checked measurement), and records the results in the
 database's ``probes`` table, from which later runs reuse them.
-``collage-ml calibrate`` runs it on its own.
+:func:`recalibrate` measures them again once they are old, as a calibration of
+that sitting (``collect`` calls it before each source), since these machines'
+speed moves by several percent over hours. ``collage-ml calibrate`` runs it
+on its own.
 """
 
 from __future__ import annotations
 
+import time
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
@@ -199,12 +204,14 @@ def probe_graphs() -> list[tuple[str, "object"]]:
 
 def ensure_probes(
     runner, backends: Sequence, progress: bool = False, say: Callable[[str], None] | None = None,
+    sitting: float | None = None,
 ) -> dict[str, dict[str, float | None]]:
     """{backend name: {probe name: seconds, or None where the backend cannot run it}} on the runner's machine.
 
     Reads the runner's database first; measures only what is missing (all of it on a machine and backend
     the database has not seen), under the runner's protocol, and records it. Without a database it
-    measures every time.
+    measures every time. With ``sitting`` (when a later calibration started) it measures every probe again,
+    past the database's cache, and records the results as that sitting's calibration.
     """
     from collage_ml.candidates import Candidate
 
@@ -213,7 +220,8 @@ def ensure_probes(
     out: dict[str, dict[str, float | None]] = {}
     todo = []
     for b in backends:
-        have = {} if db is None else db.probes(runner.hardware, b.name, b.version, runner.timing.name, PROBE_SET_VERSION)
+        have = {} if db is None or sitting is not None else db.probes(
+            runner.hardware, b.name, b.version, runner.timing.name, PROBE_SET_VERSION)
         out[b.name] = dict(have)
         if any(n not in have for n in names):
             todo.append(b)
@@ -229,7 +237,7 @@ def ensure_probes(
         out[b.name][name] = value
         if db is not None:
             db.commit_probe(runner.hardware, b.name, b.version, runner.timing.name, PROBE_SET_VERSION, name, value,
-                            sg.hash)
+                            sg.hash, sitting=sitting)
         bar.step()
 
     try:
@@ -247,16 +255,53 @@ def ensure_probes(
                     c = Candidate(g.whole(), b, f"probe:{name}")
                     cands.append(c)
                     names[c.key] = name
-        runner.measure(cands, lambda c: refs[id(c.subgraph.graph)], family=PROBE_FAMILY,
-                       on_result=lambda c, m, cached: record(c.backend, names[c.key], c.subgraph,
-                                                             m.median if m.valid else None))
+        with runner.detached() if sitting is not None else nullcontext():
+            runner.measure(cands, lambda c: refs[id(c.subgraph.graph)], family=PROBE_FAMILY,
+                           on_result=lambda c, m, cached: record(c.backend, names[c.key], c.subgraph,
+                                                                 m.median if m.valid else None))
     finally:
         bar.close()
     return out
 
 
+def recalibrate(
+    runner, backends: Sequence, max_age: float | None, progress: bool = False,
+    say: Callable[[str], None] | None = None,
+) -> dict[str, str]:
+    """Brings the calibration of the runner's machine in its database up to date, and returns what it
+    measured: {backend name: "first" or "again"}.
+
+    A backend the database has never calibrated on this machine (and protocol) gets its first calibration
+    (:func:`ensure_probes`); one whose newest calibration is older than ``max_age`` seconds (None: never
+    again) is measured again, as a sitting of its own. The machine's speed moves by several percent over
+    hours on the VMs measured, and a row is read against the calibration of its own sitting
+    (``models.dataset``): a sitting's own calibration turned 62% of one 600-candidate rerun's labels within
+    ±10% of another's, 1.5 hours apart, into 79% (datasets/README.md, "Reruns").
+    """
+    db = runner.db
+    if db is None:
+        raise ValueError("recalibrate needs a runner with a database to keep the calibration in")
+    names, now = probe_names(), time.time()
+    first, again, oldest = [], [], 0.0
+    for b in backends:
+        key = (runner.hardware, b.name, b.version, runner.timing.name, PROBE_SET_VERSION)
+        if any(n not in db.probes(*key) for n in names):
+            first.append(b)
+        elif max_age is not None and now - (t := db.probe_time(*key) or 0.0) > max_age:
+            again.append(b)
+            oldest = max(oldest, now - t)
+    if first:
+        ensure_probes(runner, first, progress=progress, say=say)
+    if again:
+        if say:
+            say(f"calibrating {', '.join(b.name for b in again)} again: the newest calibration of this machine is "
+                f"{oldest / 3600:.1f} h old (rows are read against the calibration of their own sitting)")
+        ensure_probes(runner, again, progress=progress, sitting=time.time())
+    return {**{b.name: "first" for b in first}, **{b.name: "again" for b in again}}
+
+
 def probe_drift(runner, backends: Sequence, db, progress: bool = False) -> dict:
-    """How far the machine has moved since ``db``'s calibration: the probe set measured again now with
+    """How far the machine has moved since ``db``'s newest calibration: the probe set measured again now with
     ``runner`` (which should have no database, so nothing is stored or read from a cache), against the
     results ``db`` holds for the runner's machine and protocol.
 

@@ -27,8 +27,9 @@ import itertools
 import os
 import sys
 import time
+from contextlib import contextmanager
 from dataclasses import replace
-from typing import Callable, Iterable, Mapping, Sequence
+from typing import Callable, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 
@@ -117,6 +118,16 @@ class Runner:
 
     def __enter__(self) -> "Runner":
         return self
+
+    @contextmanager
+    def detached(self) -> Iterator["Runner"]:
+        """Within it the runner neither reads its database's cache nor commits to it: what is measured is
+        measured now (``measure.probes`` calibrating a machine again)."""
+        db, self.db = self.db, None
+        try:
+            yield self
+        finally:
+            self.db = db
 
     def __exit__(self, *exc) -> None:
         self.close()

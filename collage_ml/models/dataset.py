@@ -133,7 +133,8 @@ class Dataset:
         silent). Rows marked ``contended`` (something else used the CPUs while they were timed) are left out
         unless ``include_contended``, and counted in ``Dataset.contended``. A stored subgraph that no longer
         parses is skipped and counted in ``Dataset.skipped``. Each sample's hardware descriptor carries the
-        probe results the database holds for its machine (none for a machine that was never calibrated).
+        probe results the database holds for its machine, from the calibration nearest the row's own time
+        (:func:`calibration_at`; none for a machine that was never calibrated).
 
         ``Dataset.kinds`` counts each kind of record of that hardware and those protocols that is valid:
         ``candidates`` (the measurements the samples come from), ``boundaries`` (boundary costs) and ``plans``
@@ -162,7 +163,8 @@ class Dataset:
                 keep = set(backends)
                 rows = [m for m in rows if m.key.backend in keep]
             infos: dict[str, SubgraphInfo | None] = {}
-            hw_cache: dict[tuple[str, int], HardwareDesc] = {}
+            hw_cache: dict[tuple, HardwareDesc] = {}
+            cals: dict[str, list] = {}  # fingerprint -> its calibrations
             out: list[Sample] = []
             skipped = 0
             bar = steps(len(rows), "featurizing", progress)
@@ -185,10 +187,13 @@ class Dataset:
                 src = source_family(m.family, pattern)
                 if families is not None and src not in families:
                     continue
-                hk = (m.hardware, m.threads)
+                if m.hardware not in cals:
+                    cals[m.hardware] = d.calibrations(m.hardware, PROBE_SET_VERSION)
+                chosen = calibration_at(cals[m.hardware], m.protocol, m.timestamp)
+                hk = (m.hardware, m.threads, tuple(id(c) for c in chosen))
                 if hk not in hw_cache:
-                    hw_cache[hk] = HardwareDesc.from_info(
-                        d.hardware_info(m.hardware), m.threads, d.probe_table(m.hardware, PROBE_SET_VERSION))
+                    hw_cache[hk] = HardwareDesc.from_info(d.hardware_info(m.hardware), m.threads,
+                                                          {c.backend: c.values for c in chosen})
                 dec = m.extra.get("source"), m.extra.get("first_node")
                 out.append(
                     Sample(info, m.key.backend, hw_cache[hk], float(m.median), m.family, src, m.key, m.hardware, pattern,
@@ -223,6 +228,19 @@ class Dataset:
         return Dataset(out)
 
 
+def calibration_at(cals: Sequence[Any], protocol: str, t: float) -> list[Any]:
+    """Per backend, the calibration (``db.probes.Calibration``) of ``cals`` taken nearest the time ``t``, among
+    those of ``protocol`` where the backend has any. A database calibrated in every sitting
+    (``measure.probes.recalibrate``) so reads each row against its own sitting's calibration, not against the
+    machine as it was hours earlier or later."""
+    best: dict[str, tuple[bool, float, Any]] = {}
+    for c in cals:
+        rank = (c.protocol != protocol, abs(c.time - t))
+        if c.backend not in best or rank < best[c.backend][:2]:
+            best[c.backend] = (*rank, c)
+    return [best[b][2] for b in sorted(best)]
+
+
 def items_of(objs: Sequence[Any], hw: HardwareDesc) -> list[Sample]:
     """Candidates (or Samples) as Samples without latency, ready to featurize."""
     out = []
@@ -239,8 +257,8 @@ def pool_probes(parts: Sequence[Dataset]) -> dict[str, int]:
     per backend and probe, the median over the distinct calibrations that ``parts`` carry for them. Returns
     {fingerprint: calibrations pooled} for each machine that had more than one (summed over its protocols).
 
-    A database is calibrated once, when its machine is first seen, and its table then stands for every row
-    collected into it, hours or days later. On the Xeon the probes did follow the machine's drift at the
+    A database made before calibrations were kept per sitting (2026-12-05) holds one, taken when its machine
+    was first seen, and that table stands for every row collected into it, hours or days later. On the Xeon the probes did follow the machine's drift at the
     median (a calibration that read 16% slow came with labels 12% slow), but the table that two databases
     carried, measured 10 hours before their rows, read 6% slow for rows that ran 5% fast, and on the Zen 3
     one backend's probes moved 34% where its labels moved 13%. The ``roofline-mean`` target divides each

@@ -186,6 +186,6 @@ def test_calibrate_measures_again_only_past_max_age(tmp_path, two_probes, monkey
     assert api.calibrate("onnxruntime", db=db) == {"onnxruntime": cals[1].values}  # the newest
     capsys.readouterr()
     assert cli.main(["db", "stats", str(db)]) == 0
-    assert ": calibrated in 2 sittings, the newest 20" in capsys.readouterr().out
+    assert ": calibrated 2 times, the newest 20" in capsys.readouterr().out
     with pytest.raises(ValueError, match="max_age_hours must be >= 0"):
         api.calibrate("onnxruntime", db=db, max_age_hours=-1)

@@ -189,3 +189,19 @@ def test_calibrate_measures_again_only_past_max_age(tmp_path, two_probes, monkey
     assert ": calibrated 2 times, the newest 20" in capsys.readouterr().out
     with pytest.raises(ValueError, match="max_age_hours must be >= 0"):
         api.calibrate("onnxruntime", db=db, max_age_hours=-1)
+
+
+def test_an_interrupted_recalibration_stores_nothing(tmp_path, two_probes, monkeypatch):
+    ort = OnnxRuntimeBackend()
+    with Database(tmp_path / "m.db") as db, Runner(db=db, threads=1, timing=LEGACY) as r:
+        probes.ensure_probes(r, [ort])
+        measure = Runner.measure
+
+        def interrupted(self, cands, reference, family=None, on_result=None):
+            measure(self, cands[:1], reference, family, on_result)  # one probe, then Ctrl-C
+            raise KeyboardInterrupt
+
+        monkeypatch.setattr(Runner, "measure", interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            probes.recalibrate(r, [ort], 0.0)
+        assert len(db.calibrations(r.hardware, probes.PROBE_SET_VERSION)) == 1  # the first one only

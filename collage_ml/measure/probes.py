@@ -233,11 +233,16 @@ def ensure_probes(
     refs = {id(g): g.reference(seed=0) for _, g in graphs}
     bar = Bar(progress, transient=True).start().task("probes", len(graphs) * len(todo))
 
+    later: list[tuple] = []  # a later sitting's results, stored once the whole set is measured
+
     def record(b, name: str, sg, value: float | None) -> None:
         out[b.name][name] = value
         if db is not None:
-            db.commit_probe(runner.hardware, b.name, b.version, runner.timing.name, PROBE_SET_VERSION, name, value,
-                            sg.hash, sitting=sitting)
+            row = (runner.hardware, b.name, b.version, runner.timing.name, PROBE_SET_VERSION, name, value, sg.hash)
+            if sitting is None:  # a first calibration grows probe by probe: a later run measures what it lacks
+                db.commit_probe(*row)
+            else:
+                later.append(row)
         bar.step()
 
     try:
@@ -259,6 +264,8 @@ def ensure_probes(
             runner.measure(cands, lambda c: refs[id(c.subgraph.graph)], family=PROBE_FAMILY,
                            on_result=lambda c, m, cached: record(c.backend, names[c.key], c.subgraph,
                                                                  m.median if m.valid else None))
+        for row in later:  # whole: an interrupted recalibration leaves no partial sitting behind
+            db.commit_probe(*row, sitting=sitting)
     finally:
         bar.close()
     return out

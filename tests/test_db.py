@@ -195,6 +195,7 @@ def test_measurements_filters_and_stats(db):
         "families": {},
         "hardware": {},
         "protocols": {},
+        "calibrations": {},
         "boundaries": 0,
         "boundaries_valid": 0,
         "plan_timings": 0,

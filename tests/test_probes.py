@@ -138,6 +138,7 @@ def test_a_stale_calibration_is_measured_again_as_a_sitting_of_its_own(tmp_path,
         assert db.probes(*key(r)) == later.values and db.probe_time(*key(r)) == later.time  # the newest
         assert db.probe_table(r.hardware, probes.PROBE_SET_VERSION) == {"onnxruntime": later.values}
         assert db.stats()["calibrations"] == {r.hardware: {"sittings": 2, "newest": later.time}}
+        assert db.stats(hardware="cpu-other-t4-0")["calibrations"] == {}
         assert len(list(db.measurements())) == rows  # the probes' own rows stay the first sitting's
     with Runner(db=None, threads=1, timing=LEGACY) as r, pytest.raises(ValueError, match="needs a runner with a database"):
         probes.recalibrate(r, [ort], 0.0)

@@ -271,11 +271,11 @@ class MeasurementTables:
         because the hypervisor or another task disturbed it). The records of other kinds: ``boundaries``
         (boundary costs, any status) and ``plan_timings`` (plans judged end to end), and
         ``boundaries_valid`` and ``plan_timings_valid``; ``calibrations``: per fingerprint, the probe set's
-        ``sittings`` and when the ``newest`` was measured (whole file)."""
+        ``sittings`` and when the ``newest`` was measured."""
         where, args = self._where(hardware, None, None, None)
         records = self.record_counts(hardware=hardware)
         valid_records = self.record_counts(hardware=hardware, valid=True)
-        calibrations = self.calibration_counts()
+        calibrations = {hw: c for hw, c in self.calibration_counts().items() if hardware in (None, hw)}
 
         def q(c: sqlite3.Connection) -> dict[str, Any]:
             total, n_valid, n_sub = c.execute(

@@ -239,3 +239,16 @@ def test_ray_shard_that_fails_for_good_is_resumed_by_the_rerun(ray_local, tmp_pa
     assert set(after) == total
     assert all(after.get(k) == ts for k, ts in {**before, **merged, **left}.items())
     assert not ray_shard_dir(ray_run_key(path)).exists()
+
+
+def test_every_shard_calibrates_its_node_and_the_merge_keeps_each_calibration(ray_local, tmp_path):
+    from collage_ml.measure.probes import PROBE_SET_VERSION, probe_names
+
+    path = tmp_path / "ray.db"
+    s = collect(**{**KW, "recalibrate_hours": 1.0}, db=path, ray_address="local", ray_shards=2)
+    assert s.stopped == "complete" and s.calibrations == 2 and s.measured == plan(**PLAN_KW).planned
+    with Database(path, create=False, readonly=True) as db:
+        cals = db.calibrations(s.hardware, PROBE_SET_VERSION)
+    # one node here, so one first calibration and the other shard's as a later sitting, both whole
+    assert sorted(c.sitting is None for c in cals) == [False, True]
+    assert all(c.backend == "onnxruntime" and set(c.values) == set(probe_names()) for c in cals)

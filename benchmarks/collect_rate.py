@@ -54,7 +54,7 @@ def main() -> None:
                 s = collage_ml.collect(
                     models=args.models, backends=args.backends, db=str(Path(tmp) / "m.db"),
                     max_candidates=args.max_candidates, sampler="enumerate", max_region_size=args.max_region_size,
-                    progress=False, timing=protocols[p],
+                    progress=False, timing=protocols[p], recalibrate_hours=None,  # candidates only: no probe set
                 )
                 wall = time.perf_counter() - t0
             n = s.measured

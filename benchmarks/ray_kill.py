@@ -123,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
                 def run():
                     try:
                         result["summary"] = collect(**kw, db=path, ray_address="local", ray_shards=2,
-                                                    ray_retries=args.retries, progress=False)
+                                                    ray_retries=args.retries, progress=False, recalibrate_hours=None)
                     except BaseException as e:  # noqa: BLE001
                         result["error"] = e
 
@@ -144,7 +144,8 @@ def main(argv: list[str] | None = None) -> int:
                 how = "retried by Ray"
                 if "error" in result:
                     how = f"shard failed ({str(result['error'])[:60]}...), rerun"
-                    result["summary"] = collect(**kw, db=path, ray_address="local", ray_shards=2, progress=False)
+                    result["summary"] = collect(**kw, db=path, ray_address="local", ray_shards=2, progress=False,
+                                                recalibrate_hours=None)
                 s = result["summary"]
                 after = rows(path)
                 lost = sum(after.get(k) != ts for k, ts in before.items())

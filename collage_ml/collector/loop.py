@@ -260,7 +260,7 @@ def _measure(
             if recalibrate_hours is not None:
                 prog.phase("calibrating (the probe set)")
                 t_cal = _clock()
-                summary.calibrations += len(recalibrate(runner, p.backends, recalibrate_hours * 3600))
+                summary.calibrations += bool(recalibrate(runner, p.backends, recalibrate_hours * 3600))
                 summary.calibrate_s += _clock() - t_cal
             prog.phase(f"{work.label}: reference")
             try:

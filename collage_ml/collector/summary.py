@@ -22,8 +22,8 @@ class CollectSummary:
     ``complete``, ``budget``, ``max_candidates``, ``interrupted`` or ``dry-run``. ``remaining`` is
     what was planned but not measured. Sources are planned one at a time as the run reaches them
     (except for the focus sampler and dry runs), so a run that stops early has ``unplanned_sources``
-    (model and batch pairs) whose candidates no count includes yet. ``calibrations`` counts the probe-set
-    runs (one per backend and sitting) the run measured, in ``calibrate_s`` seconds of ``measure_s``.
+    (model and batch pairs) whose candidates no count includes yet. ``calibrations`` counts the times the run
+    measured the probe set (on every backend that needed it), in ``calibrate_s`` seconds of ``measure_s``.
     ``rate_per_min`` is measurements per minute of the measuring phase less its calibrations (``measure_s``:
     with sources planned as the run reaches them, their planning too); ``elapsed_s`` is the whole run.
     """
@@ -51,7 +51,7 @@ class CollectSummary:
     by_backend: dict[str, dict[str, int]] = field(default_factory=dict)
     by_family: dict[str, dict[str, int]] = field(default_factory=dict)
     model_updates: int = 0  # focus sampler: cost-model updates from this run's measurements
-    calibrations: int = 0  # probe-set runs (one per backend and sitting) this run measured
+    calibrations: int = 0  # times this run measured the probe set (on every backend that needed it)
     calibrate_s: float = 0.0  # the seconds they took (part of measure_s)
     skipped: list[str] = field(default_factory=list)
     stopped: str = "complete"

@@ -16,6 +16,11 @@ mean over families, with the metrics of ``collage_ml.models.evaluate``:
    apart can also differ by one factor for the whole machine (the host's
    load); **re-measured, rescaled** divides it out (run B times the median
    of A / B), which the probe-relative targets are meant to do for a model.
+   **re-measured, calibrated** reads each run against its own sitting's
+   calibration instead (run B times A's / B's machine estimate of the
+   candidate, the ``roofline-mean`` target's scale): what training does with
+   databases that ``collect`` calibrated in every sitting. It is left out when
+   either run holds no calibration.
 2. **the model against each label set**: leave one family out, XGBoost (or
    ``--models``) trained on run A's rows of the other families (plus
    ``--extra-train-db``), its predictions for the held-out family scored
@@ -43,6 +48,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from cost_model import log, side_by_side  # noqa: E402  (benchmarks/ is not a package)
 
 from collage_ml.errors import CollageError  # noqa: E402
+from collage_ml.featurize.roofline import machine_log_estimate  # noqa: E402
 from collage_ml.models.base import create_model  # noqa: E402
 from collage_ml.models.dataset import Dataset  # noqa: E402
 from collage_ml.models.evaluate import average_metrics, evaluate_predictions  # noqa: E402
@@ -65,9 +71,18 @@ def load(path: Path) -> Dataset:
         raise SystemExit(f"label_ceiling: {path}: {e}") from None
 
 
+def machine_estimate(s) -> float:
+    """The machine's mean roofline estimate of a sample's candidate (log seconds) from the calibration its row
+    reads (its own sitting's); NaN for an uncalibrated machine."""
+    return machine_log_estimate(s.info, [q for _, q in s.hw.probes])
+
+
 def agreement(a: np.ndarray, b: np.ndarray) -> dict[str, float]:
+    """How two runs' labels of the same rows agree: ``within_10pct`` symmetric in the runs (|log B/A| <= log 1.1),
+    ``within_10pct_of_a`` as the cost-model metric counts B as a prediction of A (|B/A - 1| <= 0.1)."""
     r = np.abs(np.log(b / a))
-    return {"n": int(len(a)), "within_10pct": float((r <= math.log(1.1)).mean()), "median_abs_log_ratio": float(np.median(r)),
+    return {"n": int(len(a)), "within_10pct": float((r <= math.log(1.1)).mean()),
+            "within_10pct_of_a": float((np.abs(b / a - 1) <= 0.10).mean()), "median_abs_log_ratio": float(np.median(r)),
             "median_ratio_b_over_a": float(np.exp(np.median(np.log(b / a))))}
 
 
@@ -99,10 +114,24 @@ def main() -> int:
     agree = agreement(both.latencies(), np.array([b_lat[row_key(s)] for s in both]))
     log(f"{len(both)} rows in both runs ({len(a)} in A, {len(b)} in B); within +-10%: {agree['within_10pct']:.1%}, "
         f"B/A at the median {agree['median_ratio_b_over_a']:.3f}; families {', '.join(fams)}")
+    agree["rescaled"] = agreement(both.latencies(), np.array([b_lat[row_key(s)] for s in both])
+                                  / agree["median_ratio_b_over_a"])
+    est_b = {row_key(s): machine_estimate(s) for s in b}
+    cal = {row_key(s): math.exp(machine_estimate(s) - est_b[row_key(s)]) for s in both}  # A's estimate / B's
+    calibrated = all(math.isfinite(v) for v in cal.values())
+    if calibrated:
+        agree["calibrated"] = agreement(both.latencies(), np.array([b_lat[k] * cal[k] for k in map(row_key, both)]))
+        log(f"each run read against its own calibration: within +-10% {agree['calibrated']['within_10pct']:.1%}, "
+            f"rescaled {agree['rescaled']['within_10pct']:.1%}, "
+            f"B/A {agree['calibrated']['median_ratio_b_over_a']:.3f}")
+    else:
+        log("one of the runs holds no calibration of its machine: no calibrated arm")
 
     kinds = [k.strip() for k in args.models.split(",") if k.strip() and k.strip() != "none"]
-    scale = 1.0 / agree["median_ratio_b_over_a"]
+    scale = 1.0 / agree["median_ratio_b_over_a"]  # the rescaled arm: B x median A/B
     arms = ["re-measured (B as predictions of A)", "re-measured, rescaled (B x median A/B)"]
+    if calibrated:
+        arms.append("re-measured, calibrated (B x estimate A/B)")
     for k in kinds:
         arms += [f"{k} vs A", f"{k} vs B", f"{k} vs mean(A,B)"]
         if args.train_on_mean:
@@ -115,6 +144,8 @@ def main() -> int:
         b_pred = np.array([b_lat[row_key(s)] for s in test])
         per[arms[0]][fam] = evaluate_predictions(test, b_pred)
         per[arms[1]][fam] = evaluate_predictions(test, b_pred * scale)
+        if calibrated:
+            per[arms[2]][fam] = evaluate_predictions(test, b_pred * np.array([cal[row_key(s)] for s in test]))
         train = a.filter(lambda s, fam=fam: s.source != fam) + extra.filter(lambda s, fam=fam: s.source != fam)
         for k in kinds:
             trainings = [("", train)] + ([("mean", with_labels(train, mean_lat))] if args.train_on_mean else [])

@@ -564,12 +564,22 @@ def test_the_calibration_of_a_row_is_the_nearest_in_time_of_its_protocol_per_bac
     from collage_ml.db.probes import Calibration
     from collage_ml.models.dataset import calibration_at
 
-    def cal(backend: str, t: float, protocol: str = "m5") -> Calibration:
-        return Calibration(backend, "1", protocol, t, {"p": t}, None)
+    h = 3600.0
 
-    cals = [cal("ort", 0.0), cal("ort", 100.0), cal("ort", 60.0, "m3"), cal("tvm", 0.0, "m3")]
-    assert [(c.backend, c.time) for c in calibration_at(cals, "m5", 40.0)] == [("ort", 0.0), ("tvm", 0.0)]
-    assert [(c.backend, c.time) for c in calibration_at(cals, "m5", 70.0)] == [("ort", 100.0), ("tvm", 0.0)]
+    def cal(backend: str, t: float, protocol: str = "m5", value: float | None = None) -> Calibration:
+        return Calibration(backend, "1", protocol, t, {"p": t if value is None else value, "q": None}, None)
+
+    cals = [cal("ort", 0.0), cal("ort", 2 * h), cal("ort", 1.2 * h, "m3"), cal("tvm", 0.0, "m3")]
+    assert [(c.backend, c.time) for c in calibration_at(cals, "m5", 0.9 * h)] == [("ort", 0.0), ("tvm", 0.0)]
+    assert [(c.backend, c.time) for c in calibration_at(cals, "m5", 1.1 * h)] == [("ort", 2 * h), ("tvm", 0.0)]
     # another protocol's calibration only where the backend has none of the row's own
-    assert [(c.backend, c.time) for c in calibration_at(cals, "m3", 0.0)] == [("ort", 60.0), ("tvm", 0.0)]
+    assert [(c.backend, c.time) for c in calibration_at(cals, "m3", 0.0)] == [("ort", 1.2 * h), ("tvm", 0.0)]
     assert calibration_at([], "m5", 0.0) == []
+    # three calibrations minutes apart read as their per-probe median, under the nearest one's time; a fourth
+    # an hour later, and another protocol's, stay out
+    sitting = [cal("ort", 0.0, value=1.0), cal("ort", 600.0, value=3.0), cal("ort", 1200.0, value=5.0),
+               cal("ort", h + 1300.0, value=9.0), cal("ort", 300.0, "m3", value=9.0)]
+    (got,) = calibration_at(sitting, "m5", 1000.0)
+    assert got.time == 1200.0 and got.values == {"p": 3.0, "q": None}
+    (alone,) = calibration_at(sitting, "m5", 1000.0, window=60.0)  # a narrower window: the nearest alone
+    assert alone.values == {"p": 5.0, "q": None}

@@ -283,7 +283,7 @@ def recalibrate(
     again) is measured again, as a sitting of its own. The machine's speed moves by several percent over
     hours on the VMs measured, and a row is read against the calibration of its own sitting
     (``models.dataset``): over fifteen pairs of six sittings of the Xeon, that turned 83.7% of labels within
-    ±10% of the other sitting's into 87.0%, and 61.8% into 78.3% where the machine moved most
+    ±10% of the other sitting's into 87.2%, and 61.8% into 78.3% where the machine moved most
     (datasets/README.md, "Reruns")."""
     db = runner.db
     if db is None:

@@ -20,7 +20,7 @@ import math
 import random
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, Sequence
+from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 
@@ -189,13 +189,13 @@ class Dataset:
                     continue
                 if m.hardware not in cals:
                     cals[m.hardware] = d.calibrations(m.hardware, PROBE_SET_VERSION)
-                chosen = calibration_at(cals[m.hardware], m.protocol, m.timestamp)
-                # the nearest calibration names its window's median too: it fixes the values
-                hk = (m.hardware, m.threads, tuple((c.backend, c.backend_version, c.protocol, c.time, c.sitting)
-                                                   for c in chosen))
+                groups = calibration_groups(cals[m.hardware], m.protocol, m.timestamp)
+                # the calibrations a row reads, by identity (``cals`` holds them for the whole loop): their
+                # medians are taken once per distinct set, not once per row
+                hk = (m.hardware, m.threads, tuple(id(c) for g in groups for c in g))
                 if hk not in hw_cache:
                     hw_cache[hk] = HardwareDesc.from_info(d.hardware_info(m.hardware), m.threads,
-                                                          {c.backend: c.values for c in chosen})
+                                                          {g[0].backend: merged(g).values for g in groups})
                 dec = m.extra.get("source"), m.extra.get("first_node")
                 out.append(
                     Sample(info, m.key.backend, hw_cache[hk], float(m.median), m.family, src, m.key, m.hardware, pattern,
@@ -241,6 +241,13 @@ def calibration_at(cals: Sequence[Any], protocol: str, t: float, window: float =
     (``measure.probes.recalibrate``) so reads each row against its own sitting's calibration, not against the
     machine as it was hours earlier or later. One calibration scatters by about 2% (six back to back on the
     Xeon: 0.970-1.027 of another, sd 0.020), so several in one sitting read better as their median."""
+    return [merged(g) for g in calibration_groups(cals, protocol, t, window)]
+
+
+def calibration_groups(cals: Sequence[Any], protocol: str, t: float,
+                       window: float = SITTING_WINDOW_S) -> list[tuple[Any, ...]]:
+    """What :func:`calibration_at` reads, before any median: per backend (sorted), the nearest calibration
+    first, then the others within ``window`` seconds of it."""
     by_backend: dict[str, list[Any]] = {}
     for c in cals:
         by_backend.setdefault(c.backend, []).append(c)
@@ -248,13 +255,22 @@ def calibration_at(cals: Sequence[Any], protocol: str, t: float, window: float =
     for b in sorted(by_backend):
         own = [c for c in by_backend[b] if c.protocol == protocol] or by_backend[b]
         nearest = min(own, key=lambda c: abs(c.time - t))
-        close = [c for c in own if abs(c.time - nearest.time) <= window]
-        if len(close) > 1:
-            probes = {p for c in close for p in c.values}
-            values = {p: float(np.median(v)) if (v := [c.values[p] for c in close if c.values.get(p) is not None])
-                      else None for p in sorted(probes)}
-            nearest = nearest._replace(values=values)
-        out.append(nearest)
+        out.append((nearest, *(c for c in own if c is not nearest and abs(c.time - nearest.time) <= window)))
+    return out
+
+
+def merged(group: Sequence[Any]) -> Any:
+    """One group of :func:`calibration_groups` as one calibration: the nearest, with the group's per-probe
+    medians where it has more than one."""
+    return group[0] if len(group) == 1 else group[0]._replace(values=probe_medians([c.values for c in group]))
+
+
+def probe_medians(tables: Sequence[Mapping[str, float | None]]) -> dict[str, float | None]:
+    """Per probe, the median of the values ``tables`` give it; None where none gives one."""
+    out: dict[str, float | None] = {}
+    for p in sorted({p for t in tables for p in t}):
+        v = [t[p] for t in tables if t.get(p) is not None]
+        out[p] = float(np.median(v)) if v else None
     return out
 
 
@@ -275,13 +291,14 @@ def pool_probes(parts: Sequence[Dataset]) -> dict[str, int]:
     {fingerprint: calibrations pooled} for each machine that had more than one (summed over its protocols).
 
     A database made before calibrations were kept per sitting (2026-12-05) holds one, taken when its machine
-    was first seen, and that table stands for every row collected into it, hours or days later. On the Xeon the probes did follow the machine's drift at the
-    median (a calibration that read 16% slow came with labels 12% slow), but the table that two databases
-    carried, measured 10 hours before their rows, read 6% slow for rows that ran 5% fast, and on the Zen 3
-    one backend's probes moved 34% where its labels moved 13%. The ``roofline-mean`` target divides each
-    label by its own table's estimate, so a stale or noisy table becomes a bias of that database's labels;
-    one table per machine removes it, and with it the drift the tables did catch. It helped two CPU kinds of three
-    (docs/results/cost-models.md, "One probe table per machine"), so it is opt-in. Protocols stay apart:
+    was first seen, and that table stands for every row collected into it, hours or days later. On the Xeon
+    the probes did follow the machine's drift at the median (a calibration that read 16% slow came with
+    labels 12% slow), but the table that two databases carried, measured 10 hours before their rows, read 6%
+    slow for rows that ran 5% fast, and on the Zen 3 one backend's probes moved 34% where its labels moved
+    13%. The ``roofline-mean`` target divides each label by its own table's estimate, so a stale or noisy
+    table becomes a bias of that database's labels; one table per machine removes it, and with it the drift
+    the tables did catch. It helped two CPU kinds of three (docs/results/cost-models.md, "One probe table per
+    machine"), so it is opt-in. Protocols stay apart:
     each times kernels its own way, and its calibration carries that scale to its labels."""
     from collage_ml.featurize.roofline import PROBE_NAMES
 
@@ -295,13 +312,11 @@ def pool_probes(parts: Sequence[Dataset]) -> dict[str, int]:
     for (fp, _, protocol), descs in tables.items():
         if len(descs) < 2:
             continue
-        values: dict[str, dict[str, list[float]]] = {}
+        per_backend: dict[str, list[dict[str, float | None]]] = {}
         for h in descs:
             for backend, vals in h.probes:
-                for name, v in zip(PROBE_NAMES, vals):
-                    if v is not None:
-                        values.setdefault(backend, {}).setdefault(name, []).append(v)
-        table = {b: {n: float(np.median(v)) for n, v in per.items()} for b, per in values.items()}
+                per_backend.setdefault(backend, []).append(dict(zip(PROBE_NAMES, vals)))
+        table = {b: probe_medians(ts) for b, ts in per_backend.items()}
         first = next(iter(descs))
         for h in descs:
             swap[(fp, protocol, h)] = first.with_probes(table)

@@ -32,6 +32,9 @@ _KEY = "hardware, backend, backend_version, protocol, probe_set"
 PROBES_TABLE = f"CREATE TABLE IF NOT EXISTS probes ({_COLUMNS}\n    PRIMARY KEY ({_KEY}, probe)\n)"
 RECALIBRATIONS_TABLE = (f"CREATE TABLE IF NOT EXISTS recalibrations ({_COLUMNS}\n    sitting REAL NOT NULL,\n"
                         f"    PRIMARY KEY ({_KEY}, sitting, probe)\n)")
+#: a first calibration's row and a later one's (``main.``: the file itself, also while another is attached)
+_INSERT_FIRST = f"INSERT OR IGNORE INTO main.probes VALUES ({', '.join('?' * 9)})"
+_INSERT_LATER = f"INSERT OR IGNORE INTO main.recalibrations VALUES ({', '.join('?' * 10)})"
 
 
 class Calibration(NamedTuple):
@@ -58,9 +61,9 @@ class ProbeTable:
         row = (hardware, backend, backend_version, protocol, int(probe_set), probe, opt_float(median), subgraph_hash,
                time.time())
         if sitting is None:
-            sql, row = "INSERT OR IGNORE INTO probes VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", row
+            sql = _INSERT_FIRST
         else:
-            sql, row = "INSERT OR IGNORE INTO recalibrations VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", (*row, float(sitting))
+            sql, row = _INSERT_LATER, (*row, float(sitting))
         return self._write(lambda c: c.execute(sql, row).rowcount == 1, "commit_probe")
 
     def _select(self, sql: str, params: tuple, what: str) -> list[tuple]:
@@ -157,7 +160,7 @@ def merge_calibrations(c: sqlite3.Connection, other: str = "other") -> int:
     for key, rows in groups.items():
         if key not in main_keys:
             for r in rows:
-                if c.execute("INSERT OR IGNORE INTO main.probes VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", r).rowcount:
+                if c.execute(_INSERT_FIRST, r).rowcount:
                     new.add((*key, None))
         else:
             sitting = min(float(r[8]) for r in rows)
@@ -165,6 +168,6 @@ def merge_calibrations(c: sqlite3.Connection, other: str = "other") -> int:
     for r in laters:
         if (*r[:6], r[8]) in main_first:  # main's own first calibration, come back
             continue
-        if c.execute("INSERT OR IGNORE INTO main.recalibrations VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", r).rowcount:
+        if c.execute(_INSERT_LATER, r).rowcount:
             new.add((*r[:5], r[9]))
     return len(new)

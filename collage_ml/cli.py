@@ -91,7 +91,7 @@ def build_parser() -> argparse.ArgumentParser:
                          f"(default: {RECALIBRATE_HOURS:g})")
     ca.add_argument("--check", action="store_true",
                     help="measure the probes again, store nothing, and say how far the machine moved since the "
-                         "database's calibration")
+                         "database's newest calibration")
     ca.add_argument("--json", action="store_true", help="print JSON")
     ca.add_argument("--no-progress", action="store_true", help="no progress bar")
 
@@ -182,8 +182,8 @@ def _calibrate_check(args) -> int:
     if res["ratio"] is not None:
         pct = (1 - res["ratio"]) * 100
         print(f"the machine runs {abs(pct):.1f}% {'faster' if pct >= 0 else 'slower'} than when the database was "
-              f"calibrated (median over every probe: {res['ratio']:.3f}); rows collected now carry that "
-              f"calibration's probes")
+              f"calibrated last (median over every probe: {res['ratio']:.3f}); `collect` calibrates again once "
+              f"that calibration is an hour old, `collage-ml calibrate --max-age 0` does it now")
     return 0
 
 

@@ -82,6 +82,25 @@ class _ProbingFixtureModel(FlopsFixtureModel):
     uses_probes = True  # as the real models: the machine is read from its probes
 
 
+def test_collect_focus_calibrates_a_new_machine_before_it_plans(tmp_path, fixture_kind, monkeypatch):
+    """The focus sampler weighs every candidate up front: on a database that never saw this machine it must do
+    so with the machine's probes, so the calibration comes before planning, not with the first source."""
+    from collage_ml.measure import probes
+
+    monkeypatch.setattr(probes, "PROBES", probes.PROBES[10:12])  # layernorm and maxpool: fast
+    model = _ProbingFixtureModel()
+    predicted = []
+    orig = model.predict_log
+    model.predict_log = lambda samples: (predicted.extend(samples), orig(samples))[1]
+    db = tmp_path / "c.db"
+    s = collage_ml.collect(models="dcgan-tiny", backends="onnxruntime", sampler="focus", cost_model=model, db=db,
+                           max_candidates=2, batch_sizes="1", progress=False, timing=FAST, recalibrate_hours=1.0)
+    assert predicted and all(p.hw.probes_of("onnxruntime") is not None for p in predicted)
+    assert s.calibrations == 1 and 0 < s.calibrate_s <= s.measure_s and s.measured == 2
+    with Database(db, readonly=True) as d:
+        assert len(d.calibrations(s.hardware, probes.PROBE_SET_VERSION)) == 1  # once: the first source found it fresh
+
+
 def test_guided_place_runs_the_probe_set_once_per_machine(tmp_path, fixture_kind, monkeypatch, capsys):
     from collage_ml.measure import probes
 

@@ -132,6 +132,7 @@ def collect(
     else:
         database = db
     feedback = None
+    pre_cal = (0, 0.0)  # (calibrations, seconds) before planning: the focus sampler's, below
     if sampler == "focus":
         # the one feedback loop, shared with ``place``: new measurements update the model, saved next to the DB
         from collage_ml.featurize.hardware import HardwareDesc
@@ -142,6 +143,10 @@ def collect(
 
         cost_model = _load_cost_model(cost_model)
         if isinstance(cost_model, CostModel):
+            if recalibrate_hours is not None and not dry_run:
+                # the sampler weighs every source's candidates up front, with this machine's probes: a database
+                # that never saw the machine (or saw it long ago) is calibrated before, not after, planning
+                pre_cal = _calibrate_first(database, backends, threads, timing, timeout, recalibrate_hours, progress)
             # this machine, with the probe results the database holds for it (`collage-ml calibrate` records them)
             here = HardwareDesc.current(threads).with_probes(
                 database.probe_table(hw, PROBE_SET_VERSION) if database is not None else None)
@@ -171,6 +176,7 @@ def collect(
                 shard=f"{shard_t[0]}/{shard_t[1]}" if shard_t else None, seed=seed, threads=threads,
                 max_region_size=max_region_size, inductor_fraction=inductor_fraction,
             )
+            summary.calibrations, summary.calibrate_s = pre_cal
             if dry_run:
                 _add_plan_counts(summary, p)
                 summary.stopped = "dry-run"
@@ -182,6 +188,7 @@ def collect(
                     _measure(p, works if lazy else p.works, database, summary, prog, t_start, budget_minutes,
                              max_candidates, threads, timing, timeout, on_measurement, feedback, recalibrate_hours)
                 finally:
+                    summary.measure_s += pre_cal[1]  # a calibration before planning counts as the run's others do
                     _add_plan_counts(summary, p)
         summary.elapsed_s = _clock() - t_start
         if progress:
@@ -190,6 +197,21 @@ def collect(
     finally:
         if own_db and database is not None:
             database.close()
+
+
+def _calibrate_first(database, backends, threads: int, timing, timeout: float, hours: float,
+                     progress: bool) -> tuple[int, float]:
+    """Brings the machine's calibration up to date before the focus sampler plans (``measure.probes.recalibrate``,
+    as before each source); returns (calibrations run, seconds)."""
+    from collage_ml.backends.base import resolve_backends
+    from collage_ml.measure.probes import recalibrate
+    from collage_ml.measure.runner import Runner
+    from collage_ml.measure.timing import TimingConfig
+
+    t0 = _clock()
+    with Runner(db=database, threads=threads, timeout=timeout, timing=timing or TimingConfig()) as runner:
+        ran = bool(recalibrate(runner, resolve_backends(backends), hours * 3600, progress=progress))
+    return int(ran), _clock() - t0 if ran else 0.0
 
 
 def _add_plan_counts(summary: CollectSummary, p: CollectPlan) -> None:

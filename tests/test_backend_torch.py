@@ -35,8 +35,6 @@ try:
 except Exception:  # the zoo is not importable (yet)
     TINY = []
 
-# Inductor's import of torch.utils.mkldnn warns about torch.jit (inside torch, not ours)
-pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")
 
 RTOL, ATOL = 1e-3, 1e-4
 ATOL_CONV = 1e-3

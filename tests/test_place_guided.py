@@ -86,8 +86,11 @@ def test_collect_focus_calibrates_a_new_machine_before_it_plans(tmp_path, fixtur
     """The focus sampler weighs every candidate up front: on a database that never saw this machine it must do
     so with the machine's probes, so the calibration comes before planning, not with the first source."""
     from collage_ml.measure import probes
+    from collage_ml.measure.runner import Runner
 
     monkeypatch.setattr(probes, "PROBES", probes.PROBES[10:12])  # layernorm and maxpool: fast
+    runners, init = [], Runner.__init__
+    monkeypatch.setattr(Runner, "__init__", lambda self, *a, **k: (runners.append(self), init(self, *a, **k))[1])
     model = _ProbingFixtureModel()
     predicted = []
     orig = model.predict_log
@@ -97,6 +100,7 @@ def test_collect_focus_calibrates_a_new_machine_before_it_plans(tmp_path, fixtur
                            max_candidates=2, batch_sizes="1", progress=False, timing=FAST, recalibrate_hours=1.0)
     assert predicted and all(p.hw.probes_of("onnxruntime") is not None for p in predicted)
     assert s.calibrations == 1 and 0 < s.calibrate_s <= s.measure_s and s.measured == 2
+    assert len(runners) == 1  # the calibration's runner measures too: its workers start once
     with Database(db, readonly=True) as d:
         assert len(d.calibrations(s.hardware, probes.PROBE_SET_VERSION)) == 1  # once: the first source found it fresh
 

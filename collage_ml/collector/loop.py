@@ -133,27 +133,29 @@ def collect(
         database = db
     feedback = None
     pre_cal = (0, 0.0)  # (calibrations, seconds) before planning: the focus sampler's, below
-    if sampler == "focus":
-        # the one feedback loop, shared with ``place``: new measurements update the model, saved next to the DB
-        from collage_ml.featurize.hardware import HardwareDesc
-        from collage_ml.models.base import CostModel
-        from collage_ml.models.feedback import Feedback, updated_path
-
-        from collage_ml.measure.probes import PROBE_SET_VERSION
-
-        cost_model = _load_cost_model(cost_model)
-        if isinstance(cost_model, CostModel):
-            if recalibrate_hours is not None and not dry_run:
-                # the sampler weighs every source's candidates up front, with this machine's probes: a database
-                # that never saw the machine (or saw it long ago) is calibrated before, not after, planning
-                pre_cal = _calibrate_first(database, backends, threads, timing, timeout, recalibrate_hours, progress)
-            # this machine, with the probe results the database holds for it (`collage-ml calibrate` records them)
-            here = HardwareDesc.current(threads).with_probes(
-                database.probe_table(hw, PROBE_SET_VERSION) if database is not None else None)
-            cost_model.hw = here  # the focus sampler's predictions are for this machine
-            if not dry_run:
-                feedback = Feedback(cost_model, updated_path(db_path, hw, cost_model.kind), here)
+    runner = None  # one runner (and its workers) for the whole run: the calibration before planning and _measure
     try:
+        if sampler == "focus":
+            # the one feedback loop, shared with ``place``: new measurements update the model, saved next to the DB
+            from collage_ml.featurize.hardware import HardwareDesc
+            from collage_ml.models.base import CostModel
+            from collage_ml.models.feedback import Feedback, updated_path
+
+            from collage_ml.measure.probes import PROBE_SET_VERSION
+
+            cost_model = _load_cost_model(cost_model)
+            if isinstance(cost_model, CostModel):
+                if recalibrate_hours is not None and not dry_run:
+                    # the sampler weighs every source's candidates up front, with this machine's probes: a database
+                    # that never saw the machine (or saw it long ago) is calibrated before, not after, planning
+                    runner = _runner(database, threads, timing, timeout)
+                    pre_cal = _calibrate_first(runner, backends, recalibrate_hours, progress)
+                # this machine, with the probe results the database holds for it (`collage-ml calibrate` records them)
+                here = HardwareDesc.current(threads).with_probes(
+                    database.probe_table(hw, PROBE_SET_VERSION) if database is not None else None)
+                cost_model.hw = here  # the focus sampler's predictions are for this machine
+                if not dry_run:
+                    feedback = Feedback(cost_model, updated_path(db_path, hw, cost_model.kind), here)
         known = database.known_keys(hw, getattr(timing, "name", None)) if database is not None else set()
         if _skip:
             known |= {tuple(k) for k in _skip.get(hw, ())}
@@ -185,8 +187,9 @@ def collect(
                 total = None if lazy else p.planned if max_candidates is None else min(p.planned, int(max_candidates))
                 prog.task("measuring", total)
                 try:
-                    _measure(p, works if lazy else p.works, database, summary, prog, t_start, budget_minutes,
-                             max_candidates, threads, timing, timeout, on_measurement, feedback, recalibrate_hours)
+                    runner = runner or _runner(database, threads, timing, timeout)
+                    _measure(p, works if lazy else p.works, runner, summary, prog, t_start, budget_minutes,
+                             max_candidates, on_measurement, feedback, recalibrate_hours)
                 finally:
                     summary.measure_s += pre_cal[1]  # a calibration before planning counts as the run's others do
                     _add_plan_counts(summary, p)
@@ -195,22 +198,28 @@ def collect(
             print_summary(summary)
         return summary
     finally:
+        if runner is not None:
+            runner.close()
         if own_db and database is not None:
             database.close()
 
 
-def _calibrate_first(database, backends, threads: int, timing, timeout: float, hours: float,
-                     progress: bool) -> tuple[int, float]:
-    """Brings the machine's calibration up to date before the focus sampler plans (``measure.probes.recalibrate``,
-    as before each source); returns (calibrations run, seconds)."""
-    from collage_ml.backends.base import resolve_backends
-    from collage_ml.measure.probes import recalibrate
+def _runner(database, threads: int, timing, timeout: float):
+    """The run's measurement runner (its workers start on first use)."""
     from collage_ml.measure.runner import Runner
     from collage_ml.measure.timing import TimingConfig
 
+    return Runner(db=database, threads=threads, timeout=timeout, timing=timing or TimingConfig())
+
+
+def _calibrate_first(runner, backends, hours: float, progress: bool) -> tuple[int, float]:
+    """Brings the machine's calibration up to date before the focus sampler plans (``measure.probes.recalibrate``,
+    as before each source), with the runner that then measures; returns (calibrations run, seconds)."""
+    from collage_ml.backends.base import resolve_backends
+    from collage_ml.measure.probes import recalibrate
+
     t0 = _clock()
-    with Runner(db=database, threads=threads, timeout=timeout, timing=timing or TimingConfig()) as runner:
-        ran = bool(recalibrate(runner, resolve_backends(backends), hours * 3600, progress=progress))
+    ran = bool(recalibrate(runner, resolve_backends(backends), hours * 3600, progress=progress))
     return int(ran), _clock() - t0 if ran else 0.0
 
 
@@ -230,8 +239,8 @@ def _add_plan_counts(summary: CollectSummary, p: CollectPlan) -> None:
 
 
 def _measure(
-    p: CollectPlan, works: list[_Work] | Iterator[_Work], db, summary: CollectSummary, prog: Bar, t_start: float,
-    budget_minutes, max_candidates, threads: int, timing, timeout: float, on_measurement, feedback=None,
+    p: CollectPlan, works: list[_Work] | Iterator[_Work], runner, summary: CollectSummary, prog: Bar,
+    t_start: float, budget_minutes, max_candidates, on_measurement, feedback=None,
     recalibrate_hours: float | None = None,
 ) -> None:
     """Measures the works through the tuner's measure step, which commits each measurement and hands it to
@@ -243,8 +252,6 @@ def _measure(
     from collage_ml.cost import CandidateKey
     from collage_ml.ir.graph import SubGraph
     from collage_ml.measure.probes import recalibrate
-    from collage_ml.measure.runner import Runner
-    from collage_ml.measure.timing import TimingConfig
     from collage_ml.search.tuner import Tuner
 
     deadline = None if budget_minutes is None else t_start + budget_minutes * 60
@@ -258,7 +265,6 @@ def _measure(
             return "budget"
         return None
 
-    runner = Runner(db=db, threads=threads, timeout=timeout, timing=timing or TimingConfig())
     tuner = Tuner(runner, feedback=feedback)
     try:
         queue = deque(works) if isinstance(works, list) else None
@@ -353,4 +359,3 @@ def _measure(
     finally:
         summary.measure_s = _clock() - t_measure
         summary.remaining = max(0, p.planned - done)
-        runner.close()

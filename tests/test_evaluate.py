@@ -560,6 +560,41 @@ def test_each_row_is_read_against_the_calibration_of_its_own_sitting(tiny_db, tm
         assert s.hw.probes_of("onnxruntime")[0] == pytest.approx(3e-4 if s.key in late else 1e-4)
 
 
+def test_rows_of_two_machines_of_one_kind_read_their_own_machines_calibration(tiny_db, tmp_path):
+    """Two VMs of one kind (one fingerprint) collect at the same time (``collect --ray``), each calibrated;
+    each row reads its own node's calibration, not the median of both."""
+    import shutil
+
+    from collage_ml.db import Database
+    from collage_ml.featurize.roofline import PROBE_NAMES
+    from collage_ml.measure.probes import PROBE_SET_VERSION
+    from collage_ml.models.dataset import Dataset
+
+    p = tmp_path / "two-nodes.db"
+    shutil.copy(tiny_db, p)
+    t0 = 1.8e9
+    with Database(p) as d:
+        for fp in d.stats()["hardware"]:
+            for i, probe in enumerate(PROBE_NAMES):
+                d.commit_probe(fp, "onnxruntime", "1", "m5", PROBE_SET_VERSION, probe, 1e-4 * (i + 1), "h",
+                               node="boot:a")
+                d.commit_probe(fp, "onnxruntime", "1", "m5", PROBE_SET_VERSION, probe, 3e-4 * (i + 1), "h",
+                               sitting=t0 + 5, node="boot:b")
+        d._write(lambda c: (c.execute("UPDATE probes SET timestamp = ?", (t0,)),
+                            c.execute("UPDATE recalibrations SET timestamp = ?", (t0 + 10,)),
+                            c.execute("UPDATE probe_nodes SET timestamp = ? + (node = 'boot:b') * 10", (t0,)),
+                            c.execute("UPDATE measurements SET timestamp = ? + 60, extra = json_set(extra, '$.node', "
+                                      "CASE id % 2 WHEN 1 THEN 'boot:b' ELSE 'boot:a' END)", (t0,))), "test")
+        on_b = {m.key for m in d.measurements() if m.extra["node"] == "boot:b"}
+    ds = Dataset.from_db(p)
+    assert on_b and len(on_b) < len(ds)
+    for s in ds:
+        assert s.hw.probes_of("onnxruntime")[0] == pytest.approx(3e-4 if s.key in on_b else 1e-4)
+    with Database(p) as d:  # rows that name no node (collected before nodes were recorded): both, as one sitting
+        d._write(lambda c: c.execute("UPDATE measurements SET extra = json_remove(extra, '$.node')"), "test")
+    assert [s.hw.probes_of("onnxruntime")[0] for s in Dataset.from_db(p)] == pytest.approx([2e-4] * len(ds))
+
+
 def test_the_calibration_of_a_row_is_the_nearest_in_time_of_its_protocol_per_backend():
     from collage_ml.db.probes import Calibration
     from collage_ml.models.dataset import calibration_at
@@ -583,3 +618,11 @@ def test_the_calibration_of_a_row_is_the_nearest_in_time_of_its_protocol_per_bac
     assert got.time == 1200.0 and got.values == {"p": 3.0, "q": None}
     (alone,) = calibration_at(sitting, "m5", 1000.0, window=60.0)  # a narrower window: the nearest alone
     assert alone.values == {"p": 5.0, "q": None}
+    # with nodes: the row's own machine's calibrations only, even where another's lie nearer; a node with no
+    # calibration of the backend reads them all
+    nodes = [sitting[0]._replace(node="a"), sitting[1]._replace(node="b"), sitting[2]._replace(node="b")]
+    (own,) = calibration_at(nodes, "m5", 1000.0, node="a")
+    assert own.time == 0.0 and own.values == {"p": 1.0, "q": None}
+    (of_b,) = calibration_at(nodes, "m5", 1000.0, node="b")
+    assert of_b.time == 1200.0 and of_b.values == {"p": 4.0, "q": None}
+    assert calibration_at(nodes, "m5", 1000.0, node="c")[0].values == {"p": 3.0, "q": None}

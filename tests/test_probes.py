@@ -206,3 +206,50 @@ def test_an_interrupted_recalibration_stores_nothing(tmp_path, two_probes, monke
         with pytest.raises(KeyboardInterrupt):
             probes.recalibrate(r, [ort], 0.0)
         assert len(db.calibrations(r.hardware, probes.PROBE_SET_VERSION)) == 1  # the first one only
+
+
+def test_each_calibration_names_the_machine_that_measured_it_through_a_merge_and_in_an_older_file(tmp_path):
+    """Machines of one kind share a fingerprint: each probe result records its node (one boot of one VM), a
+    merge keeps it, and a file from before the node table reads as it did, every node unknown."""
+    import sqlite3
+
+    def calibrated(name: str, value: float, node: str | None) -> str:
+        with Database(tmp_path / name) as db:
+            db.commit_probe("hw", "onnxruntime", "1", "m5", 1, "p@b1", value, "h", node=node)
+            db.commit_probe("hw", "onnxruntime", "1", "m5", 1, "p@b16", 2 * value, "h", node=node)
+        return str(tmp_path / name)
+
+    a, b = calibrated("a.db", 1e-3, "boot:a"), calibrated("b.db", 2e-3, "boot:b")
+
+    def nodes(path) -> list[tuple[float, str | None]]:
+        with Database(path, readonly=True) as db:
+            return [(c.values["p@b1"], c.node) for c in db.calibrations("hw", 1)]
+
+    assert nodes(a) == [(1e-3, "boot:a")]
+    with Database(a) as db:
+        db.merge(b)  # b's first calibration is a later sitting here, still b's node's
+    assert nodes(a) == [(1e-3, "boot:a"), (2e-3, "boot:b")]
+    c = calibrated("c.db", 3e-3, None)  # a caller that names no node
+    assert nodes(c) == [(3e-3, None)]
+    old = sqlite3.connect(a)
+    old.execute("DROP TABLE probe_nodes")  # a file from before the table
+    old.commit()
+    old.close()
+    assert nodes(a) == [(1e-3, None), (2e-3, None)]
+    with Database(a) as db:  # opened to write, it gains the table; the results keep their values
+        db.commit_probe("hw", "onnxruntime", "1", "m5", 1, "p@b1", 9e-3, "h", sitting=1.0, node="boot:c")
+    assert [v for v, _ in nodes(a)][:2] == [1e-3, 2e-3]
+
+
+def test_measurements_and_calibrations_carry_this_machines_node(tmp_path, monkeypatch):
+    from collage_ml.measure.hardware import node_id
+
+    monkeypatch.setattr(probes, "PROBES", probes.PROBES[10:11])  # one fast probe
+    ort = OnnxRuntimeBackend()
+    with Database(tmp_path / "n.db") as db:
+        with Runner(db=db, threads=1, timing=LEGACY) as r:
+            probes.ensure_probes(r, [ort])
+        (cal,) = db.calibrations(r.hardware, probes.PROBE_SET_VERSION)
+        assert cal.node == node_id() and node_id().startswith(("boot:", "host:"))
+        rows = list(db.measurements())
+        assert rows and all(m.extra["node"] == node_id() for m in rows)

@@ -37,7 +37,8 @@ application id is :data:`APPLICATION_ID`):
   the probe set's latencies per machine and backend (``measure.probes``), a record of its own kind; ``median``
   is NULL where the backend cannot run that probe. This is a key's first calibration; each later one (a
   sitting of its own) is in ``recalibrations``, the same columns and ``sitting`` (when it started), added
-  without a schema bump (``db.probes``).
+  without a schema bump (``db.probes``); ``probe_nodes`` (key, ``probe``, ``timestamp``, ``node``) names the
+  machine that measured each result, as ``extra.node`` does a measurement's (also additive).
 
 Schema 1 had neither ``status``, ``attempts``, ``protocol`` nor ``probes``: opening such a
 file for writing migrates it in one transaction (every row kept, with protocol

@@ -6,7 +6,9 @@ as calibrated; each later one, measured because the first grew old (``measure.pr
 brought in by ``db merge``, lives in ``recalibrations`` under its own ``sitting`` (when it started).
 :meth:`ProbeTable.calibrations` lists them all, so a row can be read against the calibration of its own
 sitting (``models.dataset``), and :meth:`ProbeTable.probes` / :meth:`ProbeTable.probe_table` give the
-newest, the one that describes the machine now.
+newest, the one that describes the machine now. ``probe_nodes`` says which machine (``measure.hardware.node_id``:
+one boot of one VM) measured each probe result, where that was recorded: machines of one kind share a
+fingerprint, so a row measured on one of them is read against that one's calibration.
 """
 
 from __future__ import annotations
@@ -32,9 +34,16 @@ _KEY = "hardware, backend, backend_version, protocol, probe_set"
 PROBES_TABLE = f"CREATE TABLE IF NOT EXISTS probes ({_COLUMNS}\n    PRIMARY KEY ({_KEY}, probe)\n)"
 RECALIBRATIONS_TABLE = (f"CREATE TABLE IF NOT EXISTS recalibrations ({_COLUMNS}\n    sitting REAL NOT NULL,\n"
                         f"    PRIMARY KEY ({_KEY}, sitting, probe)\n)")
+#: which machine measured a probe result: the result's key and time (as ``probes`` and ``recalibrations`` keep
+#: them, through ``db merge`` too) and the node (additive: a file without it reads as "node unknown")
+PROBE_NODES_TABLE = ("CREATE TABLE IF NOT EXISTS probe_nodes (\n    hardware TEXT NOT NULL,\n    backend TEXT NOT NULL,\n"
+                     "    backend_version TEXT NOT NULL,\n    protocol TEXT NOT NULL,\n    probe_set INT NOT NULL,\n"
+                     "    probe TEXT NOT NULL,\n    timestamp REAL NOT NULL,\n    node TEXT NOT NULL,\n"
+                     f"    PRIMARY KEY ({_KEY}, probe, timestamp)\n)")
 #: a first calibration's row and a later one's (``main.``: the file itself, also while another is attached)
 _INSERT_FIRST = f"INSERT OR IGNORE INTO main.probes VALUES ({', '.join('?' * 9)})"
 _INSERT_LATER = f"INSERT OR IGNORE INTO main.recalibrations VALUES ({', '.join('?' * 10)})"
+_INSERT_NODE = f"INSERT OR IGNORE INTO main.probe_nodes VALUES ({', '.join('?' * 8)})"
 
 
 class Calibration(NamedTuple):
@@ -46,6 +55,7 @@ class Calibration(NamedTuple):
     time: float  # when its newest result was recorded
     values: dict  # {probe: seconds, or None where the backend cannot run it}
     sitting: float | None  # None: the first calibration (the ``probes`` table)
+    node: str | None = None  # the machine that measured it (``measure.hardware.node_id``); None: not recorded
 
 
 class ProbeTable:
@@ -54,17 +64,26 @@ class ProbeTable:
 
     def commit_probe(
         self, hardware: str, backend: str, backend_version: str, protocol: str, probe_set: int, probe: str,
-        median: float | None, subgraph_hash: str, sitting: float | None = None,
+        median: float | None, subgraph_hash: str, sitting: float | None = None, node: str | None = None,
     ) -> bool:
         """Record one probe result (None: the backend cannot run it) of the first calibration, or, with
-        ``sitting`` (when that calibration started), of a later one. The first result of a key stays. True if new."""
+        ``sitting`` (when that calibration started), of a later one, and the ``node`` that measured it. The
+        first result of a key stays. True if new."""
+        now = time.time()
         row = (hardware, backend, backend_version, protocol, int(probe_set), probe, opt_float(median), subgraph_hash,
-               time.time())
+               now)
         if sitting is None:
             sql = _INSERT_FIRST
         else:
             sql, row = _INSERT_LATER, (*row, float(sitting))
-        return self._write(lambda c: c.execute(sql, row).rowcount == 1, "commit_probe")
+
+        def write(c: sqlite3.Connection) -> bool:
+            new = c.execute(sql, row).rowcount == 1
+            if new and node is not None:
+                c.execute(_INSERT_NODE, (*row[:6], now, str(node)))
+            return new
+
+        return self._write(write, "commit_probe")
 
     def _select(self, sql: str, params: tuple, what: str) -> list[tuple]:
         """The rows of a query; none from a file without the table (an older file opened read-only)."""
@@ -93,12 +112,18 @@ class ProbeTable:
         cols = "backend, backend_version, protocol, probe, median, timestamp"
         rows = [(*r, None) for r in self._select(f"SELECT {cols} FROM probes WHERE {cond}", tuple(params), "calibrations")]
         rows += self._select(f"SELECT {cols}, sitting FROM recalibrations WHERE {cond}", tuple(params), "calibrations")
+        nodes = {(b, v, p, probe, float(ts)): node for b, v, p, probe, ts, node in self._select(
+            f"SELECT backend, backend_version, protocol, probe, timestamp, node FROM probe_nodes WHERE {cond}",
+            tuple(params), "calibrations")}
         groups: dict[tuple, dict] = {}
         for b, version, proto, probe, median, ts, sitting in rows:
-            g = groups.setdefault((b, version, proto, sitting), {"t": 0.0, "values": {}})
+            g = groups.setdefault((b, version, proto, sitting), {"t": 0.0, "values": {}, "nodes": set()})
             g["values"][probe] = median
             g["t"] = max(g["t"], float(ts))
-        out = [Calibration(b, v, p, g["t"], g["values"], s) for (b, v, p, s), g in groups.items()]
+            g["nodes"].add(nodes.get((b, version, proto, probe, float(ts))))
+        # a calibration's node: the one every result names (a first calibration completed on another boot: None)
+        out = [Calibration(b, v, p, g["t"], g["values"], s, next(iter(g["nodes"])) if len(g["nodes"]) == 1 else None)
+               for (b, v, p, s), g in groups.items()]
         return sorted(out, key=lambda c: (c.time, c.backend))
 
     def calibration_counts(self) -> dict[str, dict[str, float]]:
@@ -170,4 +195,6 @@ def merge_calibrations(c: sqlite3.Connection, other: str = "other") -> int:
             continue
         if c.execute(_INSERT_LATER, r).rowcount:
             new.add((*r[:5], r[9]))
+    if "probe_nodes" in have_tables:  # keyed by each result's own key and time, which the copies above keep
+        c.execute(f"INSERT OR IGNORE INTO main.probe_nodes SELECT * FROM {other}.probe_nodes")
     return len(new)

@@ -214,7 +214,25 @@ def fingerprint(threads: int) -> str:
     return hardware_info(threads)["fingerprint"]
 
 
+@functools.lru_cache(maxsize=1)
+def node_id() -> str:
+    """Which machine, and which boot of it, is measuring: Linux's boot id (``/proc/sys/kernel/random/boot_id``,
+    new at every boot), else the host name. The fingerprint names a kind of machine; two VMs of one kind, or
+    one VM before and after a reboot, share it and still run at speeds a few percent apart. Rows and
+    calibrations carry this id, so a row is read against its own machine's calibration even where several
+    machines of one kind measured at the same time (``collect --ray``)."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot = f.read().strip()
+        if boot:
+            return f"boot:{boot}"
+    except OSError:
+        pass
+    return f"host:{platform.node() or 'unknown'}"
+
+
 def clear_cache() -> None:
     """Forget the probed machine description (for tests, or after the hardware visible to us changed)."""
     _static_info.cache_clear()
     fingerprint.cache_clear()
+    node_id.cache_clear()

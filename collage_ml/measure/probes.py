@@ -29,6 +29,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from collage_ml.measure.hardware import node_id
 from collage_ml.ui import Bar
 
 #: bump when a probe changes: results of another probe-set version are never mixed in
@@ -240,7 +241,7 @@ def ensure_probes(
         if db is not None:
             row = (runner.hardware, b.name, b.version, runner.timing.name, PROBE_SET_VERSION, name, value, sg.hash)
             if sitting is None:  # a first calibration grows probe by probe: a later run measures what it lacks
-                db.commit_probe(*row)
+                db.commit_probe(*row, node=node_id())
             else:
                 later.append(row)
         bar.step()
@@ -265,7 +266,7 @@ def ensure_probes(
                            on_result=lambda c, m, cached: record(c.backend, names[c.key], c.subgraph,
                                                                  m.median if m.valid else None))
         for row in later:  # whole: an interrupted recalibration leaves no partial sitting behind
-            db.commit_probe(*row, sitting=sitting)
+            db.commit_probe(*row, sitting=sitting, node=node_id())
     finally:
         bar.close()
     return out

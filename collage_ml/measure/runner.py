@@ -36,6 +36,7 @@ import numpy as np
 from collage_ml.candidates import Candidate
 from collage_ml.cost import CandidateKey, Measurement
 from collage_ml.errors import BackendError
+from collage_ml.measure.hardware import node_id
 from collage_ml.measure.tasks import ReleaseTask, RetimeTask, Task
 from collage_ml.measure.timing import Tolerance, TimingConfig
 from collage_ml.measure.worker import Worker, _worker_main, stop_all, worker_path  # noqa: F401  (re-exported)
@@ -373,7 +374,8 @@ class Runner:
             family=family,
             error_text=r.get("error_text", ""),
             onnx_bytes=sg.skeleton_onnx(),
-            extra={"pattern": c.pattern, "nodes": len(sg), **self._decision(sg), **r.get("extra", {})},
+            extra={"pattern": c.pattern, "nodes": len(sg), "node": node_id(), **self._decision(sg),
+                   **r.get("extra", {})},
             failed=bool(r.get("failed")),
             protocol=self.timing.name,
         )

@@ -189,7 +189,7 @@ class Dataset:
                     continue
                 if m.hardware not in cals:
                     cals[m.hardware] = d.calibrations(m.hardware, PROBE_SET_VERSION)
-                groups = calibration_groups(cals[m.hardware], m.protocol, m.timestamp)
+                groups = calibration_groups(cals[m.hardware], m.protocol, m.timestamp, node=m.extra.get("node"))
                 # the calibrations a row reads, by identity (``cals`` holds them for the whole loop): their
                 # medians are taken once per distinct set, not once per row
                 hk = (m.hardware, m.threads, tuple(id(c) for g in groups for c in g))
@@ -234,18 +234,21 @@ class Dataset:
 SITTING_WINDOW_S = 1800.0
 
 
-def calibration_at(cals: Sequence[Any], protocol: str, t: float, window: float = SITTING_WINDOW_S) -> list[Any]:
+def calibration_at(cals: Sequence[Any], protocol: str, t: float, window: float = SITTING_WINDOW_S,
+                   node: str | None = None) -> list[Any]:
     """Per backend, the calibration (``db.probes.Calibration``) of ``cals`` taken nearest the time ``t``, among
-    those of ``protocol`` where the backend has any; where others lie within ``window`` seconds of it, their
-    per-probe median, under the nearest one's name and time. A database calibrated in every sitting
-    (``measure.probes.recalibrate``) so reads each row against its own sitting's calibration, not against the
-    machine as it was hours earlier or later. One calibration scatters by about 2% (six back to back on the
-    Xeon: 0.970-1.027 of another, sd 0.020), so several in one sitting read better as their median."""
-    return [merged(g) for g in calibration_groups(cals, protocol, t, window)]
+    those of ``protocol`` where the backend has any, and of the row's ``node`` where the backend has any of it;
+    where others lie within ``window`` seconds of it, their per-probe median, under the nearest one's name and
+    time. A database calibrated in every sitting (``measure.probes.recalibrate``) so reads each row against its
+    own sitting's calibration, not against the machine as it was hours earlier or later, nor against another
+    machine of its kind that measured at the same time (``collect --ray``). One calibration scatters by about
+    2% (six back to back on the Xeon: 0.970-1.027 of another, sd 0.020), so several in one sitting read better
+    as their median."""
+    return [merged(g) for g in calibration_groups(cals, protocol, t, window, node)]
 
 
-def calibration_groups(cals: Sequence[Any], protocol: str, t: float,
-                       window: float = SITTING_WINDOW_S) -> list[tuple[Any, ...]]:
+def calibration_groups(cals: Sequence[Any], protocol: str, t: float, window: float = SITTING_WINDOW_S,
+                       node: str | None = None) -> list[tuple[Any, ...]]:
     """What :func:`calibration_at` reads, before any median: per backend (sorted), the nearest calibration
     first, then the others within ``window`` seconds of it."""
     by_backend: dict[str, list[Any]] = {}
@@ -254,6 +257,8 @@ def calibration_groups(cals: Sequence[Any], protocol: str, t: float,
     out = []
     for b in sorted(by_backend):
         own = [c for c in by_backend[b] if c.protocol == protocol] or by_backend[b]
+        if node is not None:  # the row's own machine, where it calibrated this backend (else: any, as before)
+            own = [c for c in own if getattr(c, "node", None) == node] or own
         nearest = min(own, key=lambda c: abs(c.time - t))
         out.append((nearest, *(c for c in own if c is not nearest and abs(c.time - nearest.time) <= window)))
     return out

@@ -242,6 +242,7 @@ def test_ray_shard_that_fails_for_good_is_resumed_by_the_rerun(ray_local, tmp_pa
 
 
 def test_every_shard_calibrates_its_node_and_the_merge_keeps_each_calibration(ray_local, tmp_path):
+    from collage_ml.measure.hardware import node_id
     from collage_ml.measure.probes import PROBE_SET_VERSION, probe_names
 
     path = tmp_path / "ray.db"
@@ -249,6 +250,9 @@ def test_every_shard_calibrates_its_node_and_the_merge_keeps_each_calibration(ra
     assert s.stopped == "complete" and s.calibrations == 2 and s.measured == plan(**PLAN_KW).planned
     with Database(path, create=False, readonly=True) as db:
         cals = db.calibrations(s.hardware, PROBE_SET_VERSION)
+        rows = list(db.measurements())
     # one node here, so one first calibration and the other shard's as a later sitting, both whole
     assert sorted(c.sitting is None for c in cals) == [False, True]
     assert all(c.backend == "onnxruntime" and set(c.values) == set(probe_names()) for c in cals)
+    # the merge keeps which node measured each calibration and each row (the machine that ran the shards)
+    assert {c.node for c in cals} == {m.extra.get("node") for m in rows} == {node_id()}

@@ -1,0 +1,103 @@
+"""Which reading of two sittings' calibrations makes their labels agree best?
+
+Each pair is two databases of one machine kind, thread count and protocol that hold the same candidates
+(a dataset and its rerun, `datasets/reruns/`). For every candidate both measured, B's label is multiplied
+by a factor f and compared with A's; the score is the share within ±10% (symmetric: |log(f B / A)| <=
+log 1.1). The factors:
+
+- ``raw``: 1;
+- ``roofline``: A's machine roofline estimate of the candidate over B's (``featurize.roofline.
+  machine_log_estimate``, each row's own calibration): what the ``roofline-mean`` target does to labels;
+- ``probe-median``: per backend, the median over probes of A's probe latency over B's;
+- ``probe-all``: the same median over every backend's probes (one factor per pair of calibrations);
+- ``oracle``: the median label ratio A/B (one factor per pair, known only after measuring both).
+
+    benchmarks/calibration_normalizers.py A.db,B.db [C.db,D.db ...] [--json PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import warnings
+
+import numpy as np
+
+from collage_ml.featurize.roofline import machine_log_estimate
+from collage_ml.models.dataset import Dataset
+
+ARMS = ("raw", "roofline", "probe-median", "probe-all", "oracle")
+
+
+def _rows(path: str) -> dict:
+    return {(s.key.subgraph_hash, s.backend): s for s in Dataset.from_db(path) if s.family != "probe"}
+
+
+def _within(r: np.ndarray) -> float:
+    return float(np.mean(np.abs(np.log(r)) <= math.log(1.1)))
+
+
+def _probe_ratio(a, b, backend: str | None) -> float:
+    """Median over probes (of ``backend``, or of every backend both have) of A's latency over B's."""
+    pa, pb = dict(a.hw.probes), dict(b.hw.probes)
+    names = [backend] if backend else sorted(set(pa) & set(pb))
+    return float(np.median([x / y for n in names for x, y in zip(pa[n], pb[n]) if x and y]))
+
+
+def compare(pa: str, pb: str, cache: dict) -> dict:
+    a = cache.setdefault(pa, _rows(pa))
+    b = cache.setdefault(pb, _rows(pb))
+    keys = [k for k in b if k in a]
+    if not keys:
+        raise SystemExit(f"{pa} and {pb} share no candidate")
+    lab = np.array([b[k].latency / a[k].latency for k in keys])
+    est = np.array([math.exp(machine_log_estimate(a[k].info, [q for _, q in a[k].hw.probes])
+                             - machine_log_estimate(b[k].info, [q for _, q in b[k].hw.probes])) for k in keys])
+    memo: dict = {}
+
+    def ratio(k, backend):  # once per pair of calibrations and backend
+        m = (id(a[k].hw), id(b[k].hw), backend)
+        if m not in memo:
+            memo[m] = _probe_ratio(a[k], b[k], backend)
+        return memo[m]
+
+    factors = {
+        "raw": np.ones(len(keys)), "roofline": est,
+        "probe-median": np.array([ratio(k, k[1]) for k in keys]),
+        "probe-all": np.array([ratio(k, None) for k in keys]),
+        "oracle": np.full(len(keys), 1 / float(np.median(lab))),
+    }
+    out: dict = {"n": len(keys), **{arm: _within(lab * factors[arm]) for arm in ARMS}}
+    out["label_ratio"] = float(np.median(lab))  # B / A
+    out["roofline_ratio"] = float(np.median(1 / est))  # B's estimate / A's
+    out["probe_median_ratio"] = float(np.median(1 / factors["probe-median"]))
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("pairs", nargs="+", help="A.db,B.db: a dataset and its rerun")
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    warnings.filterwarnings("ignore", category=UserWarning)
+    cache: dict = {}
+    res = {}
+    for pair in args.pairs:
+        try:
+            pa, pb = pair.split(",")
+        except ValueError:
+            print(f"calibration_normalizers: a pair is A.db,B.db, not {pair!r}", file=sys.stderr)
+            return 2
+        res[pair] = r = compare(pa, pb, cache)
+        print(f"{pa} vs {pb}: n={r['n']} " + " ".join(f"{arm} {100 * r[arm]:.1f}%" for arm in ARMS)
+              + f" (labels B/A {r['label_ratio']:.3f}, roofline {r['roofline_ratio']:.3f})", flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(res, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -253,3 +253,23 @@ def test_measurements_and_calibrations_carry_this_machines_node(tmp_path, monkey
         assert cal.node == node_id() and node_id().startswith(("boot:", "host:"))
         rows = list(db.measurements())
         assert rows and all(m.extra["node"] == node_id() for m in rows)
+
+
+def test_a_database_calibrated_on_another_machine_of_this_kind_is_calibrated_again_here(tmp_path, two_probes):
+    """A fresh calibration that names another node (another VM of this kind, or before a reboot) is not this
+    machine's: with a max age, ``recalibrate`` measures a sitting of this node's own, once."""
+    from collage_ml.measure.hardware import node_id
+
+    ort = OnnxRuntimeBackend()
+    with Database(tmp_path / "m.db") as db:
+        with Runner(db=db, threads=1, timing=LEGACY) as r:
+            for name in two_probes:  # a whole first calibration, measured just now elsewhere
+                db.commit_probe(r.hardware, ort.name, ort.version, LEGACY.name, probes.PROBE_SET_VERSION, name, 1e-3,
+                                "h", node="boot:another-vm")
+            assert probes.recalibrate(r, [ort], None) == {}  # no max age: any calibration will do
+            said = []
+            assert probes.recalibrate(r, [ort], 3600.0, say=said.append) == {"onnxruntime": "again"}
+            assert len(said) == 1 and "another machine of this kind" in said[0]
+            assert probes.recalibrate(r, [ort], 3600.0) == {}  # now it has one of its own, fresh
+        elsewhere, here = db.calibrations(r.hardware, probes.PROBE_SET_VERSION)
+        assert (elsewhere.node, here.node) == ("boot:another-vm", node_id()) and here.sitting is not None

@@ -285,27 +285,39 @@ def recalibrate(
     hours on the VMs measured, and a row is read against the calibration of its own sitting
     (``models.dataset``): over fifteen pairs of six sittings of the Xeon, that turned 83.7% of labels within
     ±10% of the other sitting's into 87.2%, and 61.8% into 78.3% where the machine moved most
-    (datasets/README.md, "Reruns")."""
+    (datasets/README.md, "Reruns").
+
+    With ``max_age``, calibrations that name another node (``measure.hardware.node_id``: another VM of this
+    kind, or this one before a reboot) do not count as this machine's: a database brought from another
+    machine is calibrated again here. Calibrations that name no node (recorded before nodes were) count."""
     db = runner.db
     if db is None:
         raise ValueError("recalibrate needs a runner with a database to keep the calibration in")
-    names, now = probe_names(), time.time()
-    first, again, oldest = [], [], 0.0
+    names, now, me = probe_names(), time.time(), node_id()
+    first, again, elsewhere, oldest = [], [], [], 0.0
     for b in backends:
         key = (runner.hardware, b.name, b.version, runner.timing.name, PROBE_SET_VERSION)
         if any(n not in db.probes(*key) for n in names):
             first.append(b)
-        elif max_age is not None and now - (t := db.probe_time(*key) or 0.0) > max_age:
-            again.append(b)
-            oldest = max(oldest, now - t)
+        elif max_age is not None:
+            here = [c for c in db.calibrations(runner.hardware, PROBE_SET_VERSION, b.name, b.version,
+                                               runner.timing.name) if c.node in (None, me)]
+            if not here:
+                elsewhere.append(b)
+            elif now - here[-1].time > max_age:
+                again.append(b)
+                oldest = max(oldest, now - here[-1].time)
     if first:
         ensure_probes(runner, first, progress=progress, say=say)
-    if again:
-        if say:
+    if again or elsewhere:
+        if say and again:
             say(f"calibrating {', '.join(b.name for b in again)} again: the newest calibration of this machine is "
                 f"{oldest / 3600:.1f} h old (rows are read against the calibration of their own sitting)")
-        ensure_probes(runner, again, progress=progress, sitting=time.time())
-    return {**{b.name: "first" for b in first}, **{b.name: "again" for b in again}}
+        if say and elsewhere:
+            say(f"calibrating {', '.join(b.name for b in elsewhere)} on this machine: the database's calibrations "
+                "were measured on another machine of this kind (or before a reboot)")
+        ensure_probes(runner, again + elsewhere, progress=progress, sitting=time.time())
+    return {**{b.name: "first" for b in first}, **{b.name: "again" for b in again + elsewhere}}
 
 
 def probe_drift(runner, backends: Sequence, db, progress: bool = False) -> dict:

@@ -273,3 +273,22 @@ def test_a_database_calibrated_on_another_machine_of_this_kind_is_calibrated_aga
             assert probes.recalibrate(r, [ort], 3600.0) == {}  # now it has one of its own, fresh
         elsewhere, here = db.calibrations(r.hardware, probes.PROBE_SET_VERSION)
         assert (elsewhere.node, here.node) == ("boot:another-vm", node_id()) and here.sitting is not None
+
+
+def test_once_one_backend_is_due_every_backend_is_calibrated_again_in_the_same_sitting(tmp_path, two_probes):
+    """A first calibration ends a few seconds apart per backend, so one falls due a source before the next;
+    a sitting measures them all together, as the first time, under one sitting."""
+    from collage_ml.backends.openvino_backend import OpenVinoBackend
+
+    ort, ov = OnnxRuntimeBackend(), OpenVinoBackend()
+    with Database(tmp_path / "m.db") as db:
+        with Runner(db=db, threads=1, timing=LEGACY) as r:
+            assert probes.recalibrate(r, [ort, ov], 3600.0) == {"onnxruntime": "first", "openvino": "first"}
+            db._write(lambda c: c.execute("UPDATE probes SET timestamp = timestamp - 7200 WHERE backend = ?",
+                                          (ort.name,)), "test")  # only ONNX Runtime's calibration is old
+            said = []
+            assert probes.recalibrate(r, [ort, ov], 3600.0, say=said.append) == {"onnxruntime": "again",
+                                                                                   "openvino": "again"}
+            assert any("openvino with them" in line for line in said)
+        later = [c for c in db.calibrations(r.hardware, probes.PROBE_SET_VERSION) if c.sitting is not None]
+        assert sorted(c.backend for c in later) == ["onnxruntime", "openvino"] and len({c.sitting for c in later}) == 1

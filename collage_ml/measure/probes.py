@@ -310,9 +310,10 @@ def recalibrate(
     if first:
         ensure_probes(runner, first, progress=progress, say=say)
     if again or elsewhere:
-        # one sitting, every backend: calibrated apart (a backend's first calibration ended seconds after
-        # another's, so it falls due one source later) its probes ran beside other backends' passes than the
-        # first time; on the Zen 4 an Inductor recalibrated beside ONNX Runtime alone read 1.52x slow
+        # one sitting, every backend: a first calibration ends seconds apart per backend, so the backends fall
+        # due a source apart, and were calibrated in two sittings minutes apart, each beside other backends'
+        # passes than the first time (measured on the Zen 4: ONNX Runtime and Inductor calibrated alone read
+        # as they do beside all four, 1.01 / 0.98-1.01, so this is about one sitting's bookkeeping, not bias)
         skip = {b.name for b in first + again + elsewhere}
         also = [b for b in backends if b.name not in skip]
         if say and again:

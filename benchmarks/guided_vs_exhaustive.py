@@ -153,6 +153,9 @@ def retime(results: dict, models: list[str], variants: list[str], threads, out: 
     for m in models:
         row = results.get(m)
         if not row or not all(v in row for v in variants):
+            missing = [v for v in variants if not row or v not in row]
+            console.print(f"{m}: not re-timed: {out} has no {', '.join(missing)} plan for it "
+                          "(pass the variant options the session ran with, e.g. --no-lofo)")
             continue
         plans = {k: Plan.from_json(row[k]["plan"]) for k in variants}
         again = remeasure(m, plans, threads)

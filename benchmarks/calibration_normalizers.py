@@ -22,21 +22,23 @@ import json
 import math
 import sys
 import warnings
+from pathlib import Path
 
 import numpy as np
 
-from collage_ml.featurize.roofline import machine_log_estimate
-from collage_ml.models.dataset import Dataset
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from label_ceiling import agreement, load, machine_estimate, row_key  # noqa: E402  (benchmarks/ is not a package)
 
 ARMS = ("raw", "roofline", "probe-median", "probe-all", "oracle")
 
 
 def _rows(path: str) -> dict:
-    return {(s.key.subgraph_hash, s.backend): s for s in Dataset.from_db(path) if s.family != "probe"}
+    return {row_key(s): s for s in load(Path(path))}
 
 
 def _within(r: np.ndarray) -> float:
-    return float(np.mean(np.abs(np.log(r)) <= math.log(1.1)))
+    """Share of B x factor within ±10% of A, symmetric (``label_ceiling.agreement``)."""
+    return agreement(np.ones(len(r)), r)["within_10pct"]
 
 
 def _probe_ratio(a, b, backend: str | None) -> float:
@@ -53,8 +55,7 @@ def compare(pa: str, pb: str, cache: dict) -> dict:
     if not keys:
         raise SystemExit(f"{pa} and {pb} share no candidate")
     lab = np.array([b[k].latency / a[k].latency for k in keys])
-    est = np.array([math.exp(machine_log_estimate(a[k].info, [q for _, q in a[k].hw.probes])
-                             - machine_log_estimate(b[k].info, [q for _, q in b[k].hw.probes])) for k in keys])
+    est = np.array([math.exp(machine_estimate(a[k]) - machine_estimate(b[k])) for k in keys])
     memo: dict = {}
 
     def ratio(k, backend):  # once per pair of calibrations and backend
@@ -65,7 +66,7 @@ def compare(pa: str, pb: str, cache: dict) -> dict:
 
     factors = {
         "raw": np.ones(len(keys)), "roofline": est,
-        "probe-median": np.array([ratio(k, k[1]) for k in keys]),
+        "probe-median": np.array([ratio(k, k[-1]) for k in keys]),  # k: label_ceiling.row_key, backend last
         "probe-all": np.array([ratio(k, None) for k in keys]),
         "oracle": np.full(len(keys), 1 / float(np.median(lab))),
     }

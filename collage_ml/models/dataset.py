@@ -258,7 +258,7 @@ def calibration_groups(cals: Sequence[Any], protocol: str, t: float, window: flo
     for b in sorted(by_backend):
         own = [c for c in by_backend[b] if c.protocol == protocol] or by_backend[b]
         if node is not None:  # the row's own machine, where it calibrated this backend (else: any, as before)
-            own = [c for c in own if getattr(c, "node", None) == node] or own
+            own = [c for c in own if c.node == node] or own
         nearest = min(own, key=lambda c: abs(c.time - t))
         out.append((nearest, *(c for c in own if c is not nearest and abs(c.time - nearest.time) <= window)))
     return out

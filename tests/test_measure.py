@@ -194,9 +194,11 @@ def test_stale_cache_hits_are_rescaled_by_anchors_timed_again(graph, tmp_path):
     path = tmp_path / "m.db"
     with Database(path) as db, Runner(db=db, threads=1, timing=FAST) as r:
         r.measure(cands, graph.reference())
-    # the stored rows become two days old and three times slower: the machine of another day
+    # the stored rows become two days old and ten times slower: the machine of another day (ten, so that a
+    # busy moment of this one, which read these small kernels 2.4x slower beside the parallel suite, still
+    # reads as a machine that moved)
     with sqlite3.connect(path) as c:
-        c.execute("UPDATE measurements SET median = median * 3, timestamp = ?", (time.time() - 2 * 86400,))
+        c.execute("UPDATE measurements SET median = median * 10, timestamp = ?", (time.time() - 2 * 86400,))
         stored = dict(c.execute("SELECT subgraph_hash, median FROM measurements"))
     with Database(path) as db:
         with Runner(db=db, threads=1, timing=FAST) as r:  # the default: hits as stored
@@ -209,7 +211,7 @@ def test_stale_cache_hits_are_rescaled_by_anchors_timed_again(graph, tmp_path):
         with Runner(db=db, threads=1, timing=FAST, stale_after=3600, anchors=2) as r:
             again = r.measure(cands, graph.reference())
             ratio = r.drift["onnxruntime"]["ratio"]
-            assert 0.15 < ratio < 0.6, ratio  # about 1/3
+            assert 0.03 < ratio < 0.5, ratio  # about 1/10
             assert r.anchor_measurements == 2 and r.measured == 0 and r.cache_hits == 4
             assert r.drift["onnxruntime"]["anchors"] == 2 and 47 < r.drift["onnxruntime"]["age_hours"] < 49
             assert [m.median for m in again] == pytest.approx([stored[c.subgraph.hash] * ratio for c in cands])

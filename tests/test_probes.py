@@ -24,6 +24,11 @@ def test_probe_set_is_deterministic_and_covers_the_kernel_kinds():
     assert any(gr > 1 for gr in groups)  # a depthwise convolution
 
 
+def checked(measured: int, names) -> bool:
+    """A calibration of one backend: two passes over its probes, or three where the two disagreed."""
+    return measured in (probes.PASSES * len(names), (probes.PASSES + 1) * len(names))
+
+
 @pytest.fixture
 def two_probes(monkeypatch):
     chosen = probes.PROBES[10:12]  # layernorm and maxpool: fast
@@ -37,7 +42,7 @@ def test_probes_are_measured_once_per_machine_and_backend(tmp_path, two_probes):
         with Runner(db=db, threads=1, timing=LEGACY) as r:
             said = []
             first = probes.ensure_probes(r, [ort], say=said.append)
-            assert r.measured == len(two_probes) and said  # a machine the database has not seen: measured
+            assert checked(r.measured, two_probes) and said  # a machine the database has not seen: measured
         assert set(first["onnxruntime"]) == set(two_probes)
         assert all(v is not None and v > 0 for v in first["onnxruntime"].values())
         with Runner(db=db, threads=1, timing=LEGACY) as r:
@@ -46,7 +51,7 @@ def test_probes_are_measured_once_per_machine_and_backend(tmp_path, two_probes):
             assert again == first and r.measured == 0 and not said  # reused, not measured
         with Runner(db=db, threads=2, timing=LEGACY) as r:  # another fingerprint (thread count): measured once
             other = probes.ensure_probes(r, [ort])
-            assert r.measured == len(two_probes) and set(other["onnxruntime"]) == set(two_probes)
+            assert checked(r.measured, two_probes) and set(other["onnxruntime"]) == set(two_probes)
         stored = db.probes(r.hardware, ort.name, ort.version, LEGACY.name, probes.PROBE_SET_VERSION)
         assert stored == other["onnxruntime"]
         assert db.probes(r.hardware, ort.name, ort.version, "m9", probes.PROBE_SET_VERSION) == {}
@@ -126,11 +131,13 @@ def test_a_stale_calibration_is_measured_again_as_a_sitting_of_its_own(tmp_path,
         with Runner(db=db, threads=1, timing=LEGACY) as r:
             assert probes.recalibrate(r, [ort], 3600.0) == {"onnxruntime": "first"}
             rows = len(list(db.measurements()))
-            assert probes.recalibrate(r, [ort], 3600.0) == {} and r.measured == len(two_probes)  # fresh: kept
+            first_cost = r.measured
+            assert probes.recalibrate(r, [ort], 3600.0) == {} and checked(first_cost, two_probes)  # fresh: kept
             assert probes.recalibrate(r, [ort], None) == {}  # None: never again
             said = []
             assert probes.recalibrate(r, [ort], 0.0, say=said.append) == {"onnxruntime": "again"}
-            assert r.measured == 2 * len(two_probes)  # measured again, past the measurement cache
+            assert checked(r.measured - first_cost, two_probes)  # measured again, past the measurement cache
+            said = [line for line in said if "third time" not in line]  # a noisy sitting may say so too
             assert len(said) == 1 and "onnxruntime again" in said[0] and "h old" in said[0]
         first, later = db.calibrations(r.hardware, probes.PROBE_SET_VERSION)
         assert first.sitting is None and later.sitting is not None and first.time <= later.sitting <= later.time
@@ -292,3 +299,51 @@ def test_once_one_backend_is_due_every_backend_is_calibrated_again_in_the_same_s
             assert any("openvino with them" in line for line in said)
         later = [c for c in db.calibrations(r.hardware, probes.PROBE_SET_VERSION) if c.sitting is not None]
         assert sorted(c.backend for c in later) == ["onnxruntime", "openvino"] and len({c.sitting for c in later}) == 1
+
+
+def test_passes_combine_as_a_geometric_mean_of_two_or_a_median_of_three():
+    assert probes.combined([1e-3, 4e-3]) == pytest.approx(2e-3)
+    assert probes.combined([1e-3, 9e-3, 2e-3]) == 2e-3
+    assert probes.combined([None, 3e-3]) == 3e-3 and probes.combined([None, None]) is None
+    first = {("a", "p1"): 1.0, ("a", "p2"): 2.0, ("b", "p1"): 1.0, ("b", "p2"): None}
+    second = {("a", "p1"): 1.5, ("a", "p2"): 3.0, ("b", "p1"): 0.5, ("b", "p2"): 1.0}
+    assert probes.pass_ratios(first, second) == {"a": 1.5, "b": 0.5}
+
+
+def test_a_calibration_measures_a_backend_whose_two_passes_disagree_a_third_time(tmp_path, two_probes, monkeypatch):
+    """A slow phase of one backend in one pass (seen on the Zen 4: OpenVINO's probes 1.6x slow, flagged by
+    nothing) is out-voted: that backend is measured a third time and each probe keeps the median of three;
+    a backend whose passes agree keeps the geometric mean of its two. Only the first pass of a first
+    calibration reads (and fills) the measurement cache."""
+    from types import SimpleNamespace
+
+    from tests.fake_backends import FakeCostBackend
+
+    a, b = FakeCostBackend("fake-a"), FakeCostBackend("fake-b")
+    base = {n: 1e-4 * (i + 1) for i, n in enumerate(two_probes)}
+    slow = {0: {"fake-a": 1.05, "fake-b": 1.0}, 1: {"fake-a": 1.0, "fake-b": 1.6}, 2: {"fake-b": 1.02}}
+    calls: list[tuple] = []
+
+    def fake_measure(self, cands, reference, family=None, on_result=None):
+        k = len(calls)
+        calls.append((sorted({c.backend.name for c in cands}), self.db is not None, family))
+        for c in cands:
+            on_result(c, SimpleNamespace(valid=True, median=base[c.pattern.split(":", 1)[1]] * slow[k][c.backend.name]),
+                      False)
+
+    monkeypatch.setattr(Runner, "measure", fake_measure)
+    with Database(tmp_path / "m.db") as db, Runner(db=db, threads=1, timing=LEGACY) as r:
+        said: list[str] = []
+        got = probes.ensure_probes(r, [a, b], say=said.append)
+        assert calls == [(["fake-a", "fake-b"], True, "probe"), (["fake-a", "fake-b"], False, "probe"),
+                         (["fake-b"], False, "probe")]
+        assert any("fake-b (the second 1.60x the first)" in line and "third time" in line for line in said)
+        assert not any("fake-a (" in line for line in said)
+        for n, v in base.items():
+            assert got["fake-a"][n] == pytest.approx(v * 1.05**0.5)
+            assert got["fake-b"][n] == pytest.approx(v * 1.02)
+        assert db.probes(r.hardware, "fake-b", b.version, LEGACY.name, probes.PROBE_SET_VERSION) == got["fake-b"]
+        calls.clear()
+        slow.update({0: {"fake-a": 1.0, "fake-b": 1.0}, 1: {"fake-a": 1.0, "fake-b": 1.0}})
+        assert probes.recalibrate(r, [a, b], 0.0) == {"fake-a": "again", "fake-b": "again"}
+        assert [c[1] for c in calls] == [False, False]  # a later sitting: every pass measured now, none a third

@@ -13,7 +13,10 @@ in code from a fixed seed, so the set is the same on every machine.
 backend, backend version, protocol) under the current measurement protocol,
 through the ordinary :class:`~collage_ml.measure.runner.Runner` (so every probe
 is also an ordinary, checked measurement), and records the results in the
-database's ``probes`` table, from which later runs reuse them.
+database's ``probes`` table, from which later runs reuse them. Everything the
+model predicts on a machine is read through these results, so a calibration
+measures the set twice and checks the passes against each other (a third pass
+where a backend's disagree, :data:`AGREE`).
 :func:`recalibrate` measures them again once they are old, as a calibration of
 that sitting (``collect`` calls it before each source), since these machines'
 speed moves by several percent over hours. ``collage-ml calibrate`` runs it
@@ -203,6 +206,37 @@ def probe_graphs() -> list[tuple[str, "object"]]:
     return out
 
 
+#: a calibration measures the probe set twice; a backend whose two passes differ by more than this factor at the
+#: median over its probes is measured a third time, and each probe keeps the median of its three. On the Zen 4
+#: (2026-12-06, 04:04 UTC) one sitting read OpenVINO's probes 1.2-4.8x (median 1.6x) and ONNX Runtime's 1.2x
+#: slower than the machine's other sittings, though no row of it was flagged contended; the model, reading the
+#: machine through them, then ranked OpenVINO last on nasrnn and mobilenetv2, where it is the fastest.
+AGREE = 1.10
+PASSES = 2  # a calibration's passes before the check (1: no check, as before 2026-12-06)
+
+
+def pass_ratios(first: dict, second: dict) -> dict[str, float]:
+    """{backend: median over its probes of second / first} for the probes both passes measured (keys
+    ``(backend, probe)``, values seconds or None)."""
+    by: dict[str, list[float]] = {}
+    for k, a in first.items():
+        b = second.get(k)
+        if a and b:
+            by.setdefault(k[0], []).append(b / a)
+    return {name: float(np.median(v)) for name, v in by.items()}
+
+
+def combined(values: Sequence[float | None]) -> float | None:
+    """One probe's result from its passes: the geometric mean of two, the median of three or more (the valid
+    ones; None when no pass ran it)."""
+    ok = sorted(v for v in values if v)
+    if not ok:
+        return None
+    if len(ok) == 2:
+        return float(np.sqrt(ok[0] * ok[1]))
+    return float(np.median(ok))
+
+
 def ensure_probes(
     runner, backends: Sequence, progress: bool = False, say: Callable[[str], None] | None = None,
     sitting: float | None = None,
@@ -213,6 +247,11 @@ def ensure_probes(
     the database has not seen), under the runner's protocol, and records it. Without a database it
     measures every time. With ``sitting`` (when a later calibration started) it measures every probe again,
     past the database's cache, and records the results as that sitting's calibration.
+
+    A calibration is :data:`PASSES` passes over the missing probes, checked against each other (see
+    :data:`AGREE`); each probe records the geometric mean of its two passes, or the median of three. The
+    first pass of a first calibration goes through the measurement cache, so an interrupted one is resumed
+    from its rows; the later passes are measured now, and the results are recorded once every pass is done.
     """
     from collage_ml.candidates import Candidate
 
@@ -228,47 +267,65 @@ def ensure_probes(
             todo.append(b)
     if not todo:
         return out
-    if say:
+    if say and sitting is None:  # a later sitting is announced by its caller (``recalibrate``)
         say(f"measuring the probe set on {', '.join(b.name for b in todo)} (once per machine and backend)")
     graphs = probe_graphs()
     refs = {id(g): g.reference(seed=0) for _, g in graphs}
-    bar = Bar(progress, transient=True).start().task("probes", len(graphs) * len(todo))
+    cands, label, subgraph = [], {}, {}
+    for b in todo:
+        for name, g in graphs:
+            if name in out[b.name]:
+                continue
+            subgraph[(b.name, name)] = (b, g.whole())
+            if all(b.supports(g, n) for n in g.nodes):
+                c = Candidate(g.whole(), b, f"probe:{name}")
+                cands.append(c)
+                label[c.key] = (b.name, name)
+    unsupported = [k for k in subgraph if k not in set(label.values())]
+    passes = max(1, int(PASSES))
+    bar = Bar(progress, transient=True).start().task("probes", len(cands) * passes)
 
-    later: list[tuple] = []  # a later sitting's results, stored once the whole set is measured
+    def measure_pass(batch: list, cached: bool) -> dict:
+        got: dict = {}
 
-    def record(b, name: str, sg, value: float | None) -> None:
-        out[b.name][name] = value
-        if db is not None:
-            row = (runner.hardware, b.name, b.version, runner.timing.name, PROBE_SET_VERSION, name, value, sg.hash)
-            if sitting is None:  # a first calibration grows probe by probe: a later run measures what it lacks
-                db.commit_probe(*row, node=node_id())
-            else:
-                later.append(row)
-        bar.step()
+        def on_result(c, m, _cached) -> None:
+            got[label[c.key]] = m.median if m.valid else None
+            bar.step()
 
-    try:
         # every missing probe of every backend in one call, so the protocol's passes spread each probe's windows
         # over the whole set (one at a time, a probe's windows would run back to back); the runner still
         # measures one backend per phase, or interleaves their passes where the protocol says so
-        cands, names = [], {}
-        for b in todo:
-            for name, g in graphs:
-                if name in out[b.name]:
-                    bar.step()
-                elif not all(b.supports(g, n) for n in g.nodes):
-                    record(b, name, g.whole(), None)
-                else:
-                    c = Candidate(g.whole(), b, f"probe:{name}")
-                    cands.append(c)
-                    names[c.key] = name
-        with runner.detached() if sitting is not None else nullcontext():
-            runner.measure(cands, lambda c: refs[id(c.subgraph.graph)], family=PROBE_FAMILY,
-                           on_result=lambda c, m, cached: record(c.backend, names[c.key], c.subgraph,
-                                                                 m.median if m.valid else None))
-        for row in later:  # whole: an interrupted recalibration leaves no partial sitting behind
-            db.commit_probe(*row, sitting=sitting, node=node_id())
+        with nullcontext() if cached else runner.detached():
+            runner.measure(batch, lambda c: refs[id(c.subgraph.graph)], family=PROBE_FAMILY, on_result=on_result)
+        return got
+
+    try:
+        results = [measure_pass(cands, cached=sitting is None)]
+        for _ in range(passes - 1):
+            results.append(measure_pass(cands, cached=False))
+        if passes >= 2 and cands:
+            ratios = pass_ratios(results[0], results[1])
+            off = {b: r for b, r in ratios.items() if abs(np.log(r)) > np.log(AGREE)}
+            if off:
+                if say:
+                    say("the probe set's passes disagree on " + ", ".join(
+                        f"{b} (the second {r:.2f}x the first)" for b, r in sorted(off.items()))
+                        + ": measuring it a third time, each probe keeping the median of three")
+                again = [c for c in cands if label[c.key][0] in off]
+                bar.set_total(len(cands) * passes + len(again))
+                results.append(measure_pass(again, cached=False))
     finally:
         bar.close()
+    # whole: an interrupted calibration records nothing (a first one is resumed from its first pass's rows)
+    final = {k: combined([r[k] for r in results if k in r]) for k in label.values()}
+    final.update({k: None for k in unsupported})
+    node = node_id()
+    for (bname, name), value in final.items():
+        out[bname][name] = value
+        if db is not None:
+            b, sg = subgraph[(bname, name)]
+            db.commit_probe(runner.hardware, b.name, b.version, runner.timing.name, PROBE_SET_VERSION, name, value,
+                            sg.hash, sitting=sitting, node=node)
     return out
 
 
@@ -325,7 +382,7 @@ def recalibrate(
         if say and also:
             say(f"calibrating {', '.join(b.name for b in also)} with them: one sitting, every backend together")
         again += elsewhere + also
-        ensure_probes(runner, again, progress=progress, sitting=time.time())
+        ensure_probes(runner, again, progress=progress, say=say, sitting=time.time())
     return {**{b.name: "first" for b in first}, **{b.name: "again" for b in again}}
 
 

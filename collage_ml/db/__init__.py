@@ -38,7 +38,9 @@ application id is :data:`APPLICATION_ID`):
   is NULL where the backend cannot run that probe. This is a key's first calibration; each later one (a
   sitting of its own) is in ``recalibrations``, the same columns and ``sitting`` (when it started), added
   without a schema bump (``db.probes``); ``probe_nodes`` (key, ``probe``, ``timestamp``, ``node``) names the
-  machine that measured each result, as ``extra.node`` does a measurement's (also additive).
+  machine that measured each result, as ``extra.node`` does a measurement's (also additive), and
+  ``probe_checks`` (key, ``timestamp``, ``node``, ``passes``, ``ratio``) how each backend's calibration checked
+  out: the probe set is measured twice, and a third time where the passes disagree (``measure.probes.AGREE``).
 
 Schema 1 had neither ``status``, ``attempts``, ``protocol`` nor ``probes``: opening such a
 file for writing migrates it in one transaction (every row kept, with protocol

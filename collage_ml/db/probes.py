@@ -40,6 +40,12 @@ PROBE_NODES_TABLE = ("CREATE TABLE IF NOT EXISTS probe_nodes (\n    hardware TEX
                      "    backend_version TEXT NOT NULL,\n    protocol TEXT NOT NULL,\n    probe_set INT NOT NULL,\n"
                      "    probe TEXT NOT NULL,\n    timestamp REAL NOT NULL,\n    node TEXT NOT NULL,\n"
                      f"    PRIMARY KEY ({_KEY}, probe, timestamp)\n)")
+#: each calibration's check (``measure.probes``: the probe set measured twice): per backend, how many passes it
+#: took and the second pass / the first at the median over the backend's probes (additive, like ``probe_nodes``)
+PROBE_CHECKS_TABLE = ("CREATE TABLE IF NOT EXISTS probe_checks (\n    hardware TEXT NOT NULL,\n    backend TEXT NOT NULL,\n"
+                      "    backend_version TEXT NOT NULL,\n    protocol TEXT NOT NULL,\n    probe_set INT NOT NULL,\n"
+                      "    timestamp REAL NOT NULL,\n    node TEXT,\n    passes INT NOT NULL,\n    ratio REAL,\n"
+                      f"    PRIMARY KEY ({_KEY}, timestamp)\n)")
 #: a first calibration's row and a later one's (``main.``: the file itself, also while another is attached)
 _INSERT_FIRST = f"INSERT OR IGNORE INTO main.probes VALUES ({', '.join('?' * 9)})"
 _INSERT_LATER = f"INSERT OR IGNORE INTO main.recalibrations VALUES ({', '.join('?' * 10)})"
@@ -84,6 +90,25 @@ class ProbeTable:
             return new
 
         return self._write(write, "commit_probe")
+
+    def commit_probe_check(
+        self, hardware: str, backend: str, backend_version: str, protocol: str, probe_set: int, passes: int,
+        ratio: float | None, node: str | None = None,
+    ) -> None:
+        """Record how one backend's calibration checked out: ``passes`` over the probe set, and the second pass /
+        the first (the median over its probes; None: one pass)."""
+        row = (hardware, backend, backend_version, protocol, int(probe_set), time.time(), node, int(passes),
+               opt_float(ratio))
+        self._write(lambda c: c.execute(f"INSERT OR IGNORE INTO main.probe_checks VALUES ({', '.join('?' * 9)})", row),
+                    "commit_probe_check")
+
+    def probe_checks(self, hardware: str | None = None) -> list[dict]:
+        """Every calibration check recorded (of one machine where given), oldest first."""
+        cond, params = ("WHERE hardware = ?", (hardware,)) if hardware else ("", ())
+        cols = ("hardware", "backend", "backend_version", "protocol", "probe_set", "timestamp", "node", "passes", "ratio")
+        rows = self._select(f"SELECT {', '.join(cols)} FROM probe_checks {cond} ORDER BY timestamp", params,
+                            "probe_checks")
+        return [dict(zip(cols, r)) for r in rows]
 
     def _select(self, sql: str, params: tuple, what: str) -> list[tuple]:
         """The rows of a query; none from a file without the table (an older file opened read-only)."""
@@ -197,4 +222,6 @@ def merge_calibrations(c: sqlite3.Connection, other: str = "other") -> int:
             new.add((*r[:5], r[9]))
     if "probe_nodes" in have_tables:  # keyed by each result's own key and time, which the copies above keep
         c.execute(f"INSERT OR IGNORE INTO main.probe_nodes SELECT * FROM {other}.probe_nodes")
+    if "probe_checks" in have_tables:
+        c.execute(f"INSERT OR IGNORE INTO main.probe_checks SELECT * FROM {other}.probe_checks")
     return len(new)

@@ -16,7 +16,7 @@ from collage_ml.db.records import (
     create_tables as create_record_tables,
     move_legacy_boundaries,
 )
-from collage_ml.db.probes import PROBE_NODES_TABLE, PROBES_TABLE, RECALIBRATIONS_TABLE
+from collage_ml.db.probes import PROBE_CHECKS_TABLE, PROBE_NODES_TABLE, PROBES_TABLE, RECALIBRATIONS_TABLE
 from collage_ml.db.rows import COLS, MEASUREMENT_COLUMNS, measurement_from_row
 from collage_ml.db.sql import file_uri, immediate, is_busy
 from collage_ml.errors import DatabaseError
@@ -180,6 +180,7 @@ class Schema:
             if not c.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'recalibrations'").fetchone():
                 c.execute(RECALIBRATIONS_TABLE)  # a file from before the recalibrations table (additive, no bump)
             c.execute(PROBE_NODES_TABLE)  # likewise for the probe results' nodes (IF NOT EXISTS)
+            c.execute(PROBE_CHECKS_TABLE)  # and the calibrations' checks
             self._setup_records(c)
             return
         with immediate(c):
@@ -189,6 +190,7 @@ class Schema:
             c.execute(PROBES_TABLE)
             c.execute(RECALIBRATIONS_TABLE)
             c.execute(PROBE_NODES_TABLE)
+            c.execute(PROBE_CHECKS_TABLE)
             create_record_tables(c)
             c.executemany(
                 "INSERT OR IGNORE INTO meta (key, value) VALUES (?, ?)",

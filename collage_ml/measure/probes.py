@@ -299,6 +299,8 @@ def ensure_probes(
             runner.measure(batch, lambda c: refs[id(c.subgraph.graph)], family=PROBE_FAMILY, on_result=on_result)
         return got
 
+    ratios: dict[str, float] = {}
+    off: dict[str, float] = {}
     try:
         results = [measure_pass(cands, cached=sitting is None)]
         for _ in range(passes - 1):
@@ -306,11 +308,13 @@ def ensure_probes(
         if passes >= 2 and cands:
             ratios = pass_ratios(results[0], results[1])
             off = {b: r for b, r in ratios.items() if abs(np.log(r)) > np.log(AGREE)}
+            if say:
+                say("the probe set's second pass / its first (median over each backend's probes): "
+                    + ", ".join(f"{b} {r:.2f}" for b, r in ratios.items())
+                    + (f"; {', '.join(off)} off by over {AGREE - 1:.0%}: measuring "
+                       f"{'it' if len(off) == 1 else 'them'} a third time, each probe keeping the median of three"
+                       if off else ""))
             if off:
-                if say:
-                    say("the probe set's passes disagree on " + ", ".join(
-                        f"{b} (the second {r:.2f}x the first)" for b, r in sorted(off.items()))
-                        + ": measuring it a third time, each probe keeping the median of three")
                 again = [c for c in cands if label[c.key][0] in off]
                 bar.set_total(len(cands) * passes + len(again))
                 results.append(measure_pass(again, cached=False))
@@ -326,6 +330,11 @@ def ensure_probes(
             b, sg = subgraph[(bname, name)]
             db.commit_probe(runner.hardware, b.name, b.version, runner.timing.name, PROBE_SET_VERSION, name, value,
                             sg.hash, sitting=sitting, node=node)
+    if db is not None:
+        for b in todo:
+            if any(label[c.key][0] == b.name for c in cands):
+                db.commit_probe_check(runner.hardware, b.name, b.version, runner.timing.name, PROBE_SET_VERSION,
+                                      passes + (b.name in off), ratios.get(b.name), node=node)
     return out
 
 

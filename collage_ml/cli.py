@@ -204,7 +204,9 @@ def _cmd_db(args) -> int:
             _table(what, [what[:-1] if what != "families" else "family", "count"], sorted(st[what].items()))
         for fp, c in sorted(st.get("calibrations", {}).items()):
             when = datetime.datetime.fromtimestamp(c["newest"], datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-            print(f"{fp}: calibrated {c['sittings']} time{'s' * (c['sittings'] != 1)}, the newest {when}")
+            checks = (f"; {c['checked']} backend calibrations checked by a second pass, {c['third_pass']} of them "
+                      "measured a third time" if c.get("checked") else "")
+            print(f"{fp}: calibrated {c['sittings']} time{'s' * (c['sittings'] != 1)}, the newest {when}{checks}")
         return 0
     if args.db_command == "export":
         n = api.db_export_parquet(args.path, args.parquet)

@@ -279,3 +279,36 @@ def test_uncertainty(fitted, transformers):
 def test_rejects_unknown_params():
     with pytest.raises(ValueError, match="unknown XGBCostModel parameter.*max_dpeth.*known: "):
         XGBCostModel(max_dpeth=3)
+
+
+def test_feedback_holds_fewer_samples_than_an_update_can_learn_from(convnets, tmp_path):
+    """Two samples 4x slower than predicted would move every prediction of a loaded model by their mean error
+    (no replay, no split); the feedback holds them until ``min_update`` samples are at hand, then learns."""
+    from dataclasses import replace
+
+    from collage_ml.models.feedback import Feedback
+
+    small = dict(n_members=2, n_estimators=40, max_depth=4, update_rounds=50)
+    data = convnets.sample(600, seed=0)
+    base, probe = data[:400], data[400:]
+    loaded = load_model(XGBCostModel(**small).fit(base).save(tmp_path / "m"))
+    before = loaded.predict_log(list(probe))[0]
+
+    def slow(samples, factor=4.0):  # the same subgraphs, measured 4x slower than the model thinks
+        return Dataset([replace(s, latency=s.latency * factor) for s in samples])
+
+    fb = Feedback(loaded, tmp_path / "saved", HardwareDesc.current(1))
+    fb.held = list(slow(base[:2]))
+    assert fb.flush() is None and len(fb.held) == 2 and fb.updates == 0
+    assert np.array_equal(loaded.predict_log(list(probe))[0], before)  # nothing moved
+    assert not (tmp_path / "saved").exists()
+    # the contrast: the same two samples learnt from directly move every prediction by about their error
+    shifted = load_model(tmp_path / "m")
+    shifted.update(slow(base[:2]))
+    move = shifted.predict_log(list(probe))[0] - before
+    assert np.median(move) > 0.5 * np.log(4.0), np.median(move)
+    # with enough at hand, the held ones join the update
+    fb.held += list(slow(base[2:XGBCostModel.min_update]))
+    info = fb.flush()
+    assert info is not None and info["n"] == XGBCostModel.min_update and fb.held == [] and fb.updates == 1
+    assert (tmp_path / "saved" / "meta.json").exists()

@@ -152,14 +152,19 @@ class ProbeTable:
         return sorted(out, key=lambda c: (c.time, c.backend))
 
     def calibration_counts(self) -> dict[str, dict[str, float]]:
-        """{fingerprint: {"sittings": calibrations of any backend, "newest": when the newest ended}}."""
+        """{fingerprint: {"sittings": calibrations of any backend, "newest": when the newest ended, "checked":
+        backends' calibrations checked by a second pass, "third_pass": of them measured a third time}}."""
         out: dict[str, dict[str, float]] = {}
         for table, sittings in (("probes", "1"), ("recalibrations", "COUNT(DISTINCT sitting)")):
             for hw, n, t in self._select(f"SELECT hardware, {sittings}, MAX(timestamp) FROM {table} GROUP BY hardware",
                                          (), "calibration_counts"):
-                c = out.setdefault(hw, {"sittings": 0, "newest": 0.0})
+                c = out.setdefault(hw, {"sittings": 0, "newest": 0.0, "checked": 0, "third_pass": 0})
                 c["sittings"] += int(n)
                 c["newest"] = max(c["newest"], float(t))
+        for hw, checked, third in self._select("SELECT hardware, SUM(passes >= 2), SUM(passes >= 3) FROM probe_checks "
+                                               "GROUP BY hardware", (), "calibration_counts"):
+            if hw in out:
+                out[hw].update(checked=int(checked or 0), third_pass=int(third or 0))
         return out
 
     def probes(

@@ -61,6 +61,9 @@ class CostModel(ABC):
     #: runs the probe set first on a machine and backend the database has not seen. A model that ignores
     #: the machine (a test fixture) sets it False.
     uses_probes: ClassVar[bool] = True
+    #: the fewest new samples an update learns from (``models.feedback`` holds fewer until more arrive): a
+    #: model that cannot learn more than one shift of every prediction from a few sets it higher
+    min_update: ClassVar[int] = 1
 
     def __init__(self, **params: Any):
         self.params: dict[str, Any] = dict(params)

@@ -40,6 +40,7 @@ class BlendCostModel(CostModel):
     """The mean of several cost models' log predictions; see the module docstring."""
 
     kind = "blend"
+    min_update = 16  # its XGBoost member's (``XGBCostModel.min_update``)
 
     def __init__(self, **params: Any):
         check_params("BlendCostModel", params, DEFAULTS)

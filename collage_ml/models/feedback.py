@@ -9,6 +9,11 @@ and saves the updated model *next to the database*, at
 ``<db folder>/cost-models/<fingerprint>-<kind>``. The next run that asks for
 ``cost_model="default"`` with that database loads it in preference to the
 shipped artifact. A user's own artifact path is never overwritten.
+
+Fewer valid new samples than the model's ``min_update`` are held, not learnt
+from, until a later flush brings enough (they are in the database either way):
+guided placement measures two to ten candidates of most models, and from so few
+an XGBoost update learns only a shift of every prediction.
 """
 
 from __future__ import annotations
@@ -70,6 +75,7 @@ class Feedback:
         self.save_to = save_to
         self.hw = hw
         self.pairs: list[tuple[Any, Any]] = []
+        self.held: list = []  # valid samples of earlier flushes, fewer than the model's ``min_update``
         self.updates = 0
         self.samples = 0
 
@@ -77,11 +83,15 @@ class Feedback:
         self.pairs.extend(pairs)
 
     def flush(self, family: str = "") -> dict[str, Any] | None:
-        """Updates and saves the model with what was added since the last flush; None when nothing valid was."""
-        data = Dataset.from_candidates(self.pairs, self.hw, family)
+        """Updates and saves the model with what was added since the last flush (and what earlier flushes held);
+        None when nothing was learnt: nothing valid was added, or fewer samples than the model's ``min_update``
+        are at hand (they are held for the next flush)."""
+        data = Dataset(self.held + list(Dataset.from_candidates(self.pairs, self.hw, family).samples))
         self.pairs = []
-        if not len(data):
+        if len(data) < max(1, int(getattr(self.model, "min_update", 1))):
+            self.held = list(data.samples)
             return None
+        self.held = []
         info = self.model.update(data)
         self.updates += 1
         self.samples += len(data)

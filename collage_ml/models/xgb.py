@@ -153,6 +153,11 @@ class XGBCostModel(CostModel):
     """An ensemble of XGBoost regressors on log latency; see the module docstring."""
 
     kind = "xgb"
+    #: A loaded model keeps no training data, so its first update boosts on the new samples alone; with
+    #: ``min_child_weight`` 2 a handful of them cannot be split, and ``update_rounds`` trees then move every
+    #: prediction by their mean log error. On the Zen 4 (2026-12-06) two whole-model timings of nasrnn, one
+    #: of them Inductor's, 4x its prediction, moved every prediction of the updated model 2.2x.
+    min_update = 16
 
     def __init__(self, **params: Any):
         check_params("XGBCostModel", params, DEFAULTS)

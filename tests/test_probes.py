@@ -25,8 +25,10 @@ def test_probe_set_is_deterministic_and_covers_the_kernel_kinds():
 
 
 def checked(measured: int, names) -> bool:
-    """A calibration of one backend: two passes over its probes, or three where the two disagreed."""
-    return measured in (probes.PASSES * len(names), (probes.PASSES + 1) * len(names))
+    """A calibration of one backend: a pass over its probes and a second over every CHECK_EVERY-th of them,
+    or three whole passes where the two disagreed."""
+    sample = len(range(0, len(names), probes.CHECK_EVERY))
+    return measured in (len(names) + sample, 3 * len(names))
 
 
 @pytest.fixture
@@ -326,33 +328,39 @@ def test_a_calibration_measures_a_backend_whose_two_passes_disagree_a_third_time
 
     a, b = FakeCostBackend("fake-a"), FakeCostBackend("fake-b")
     base = {n: 1e-4 * (i + 1) for i, n in enumerate(two_probes)}
-    slow = {0: {"fake-a": 1.05, "fake-b": 1.0}, 1: {"fake-a": 1.0, "fake-b": 1.6}, 2: {"fake-b": 1.02}}
+    # per call: the first pass, the second over every other probe (CHECK_EVERY 2 here), the rest of the second
+    # for the backend it flagged, and that backend's third pass
+    slow = {0: {"fake-a": 1.05, "fake-b": 1.0}, 1: {"fake-a": 1.0, "fake-b": 1.6}, 2: {"fake-b": 1.6},
+            3: {"fake-b": 1.02}}
     calls: list[tuple] = []
 
     def fake_measure(self, cands, reference, family=None, on_result=None):
         k = len(calls)
-        calls.append((sorted({c.backend.name for c in cands}), self.db is not None, family))
+        calls.append((sorted({c.backend.name for c in cands}), self.db is not None, family, len(cands)))
         for c in cands:
             on_result(c, SimpleNamespace(valid=True, median=base[c.pattern.split(":", 1)[1]] * slow[k][c.backend.name]),
                       False)
 
     monkeypatch.setattr(Runner, "measure", fake_measure)
+    monkeypatch.setattr(probes, "CHECK_EVERY", 2)
+    checked_probes = two_probes[::2]
     with Database(tmp_path / "m.db") as db, Runner(db=db, threads=1, timing=LEGACY) as r:
         said: list[str] = []
         got = probes.ensure_probes(r, [a, b], say=said.append)
-        assert calls == [(["fake-a", "fake-b"], True, "probe"), (["fake-a", "fake-b"], False, "probe"),
-                         (["fake-b"], False, "probe")]
+        assert calls == [(["fake-a", "fake-b"], True, "probe", 8), (["fake-a", "fake-b"], False, "probe", 4),
+                         (["fake-b"], False, "probe", 2), (["fake-b"], False, "probe", 4)]
         check = [line for line in said if "second pass" in line]
         assert len(check) == 1 and "fake-a 0.95, fake-b 1.60; fake-b off by over 10%" in check[0]
-        assert "measuring it a third time" in check[0]
-        for n, v in base.items():
-            assert got["fake-a"][n] == pytest.approx(v * 1.05**0.5)
-            assert got["fake-b"][n] == pytest.approx(v * 1.02)
+        assert "every 2nd probe" in check[0] and "measuring it a third time" in check[0]
+        for n, v in base.items():  # fake-a: the two passes' geometric mean where the second measured the probe
+            assert got["fake-a"][n] == pytest.approx(v * (1.05**0.5 if n in checked_probes else 1.05))
+            assert got["fake-b"][n] == pytest.approx(v * 1.02)  # the median of three whole passes
         assert db.probes(r.hardware, "fake-b", b.version, LEGACY.name, probes.PROBE_SET_VERSION) == got["fake-b"]
         calls.clear()
         slow.update({0: {"fake-a": 1.0, "fake-b": 1.0}, 1: {"fake-a": 1.0, "fake-b": 1.0}})
         assert probes.recalibrate(r, [a, b], 0.0) == {"fake-a": "again", "fake-b": "again"}
         assert [c[1] for c in calls] == [False, False]  # a later sitting: every pass measured now, none a third
+        assert [c[3] for c in calls] == [8, 4]
         checks = [(c["backend"], c["passes"], round(c["ratio"], 3)) for c in db.probe_checks(r.hardware)]
         assert checks == [("fake-a", 2, 0.952), ("fake-b", 3, 1.6), ("fake-a", 2, 1.0), ("fake-b", 2, 1.0)]
     with Database(tmp_path / "other.db") as other:  # the checks travel with the calibrations

@@ -15,8 +15,9 @@ through the ordinary :class:`~collage_ml.measure.runner.Runner` (so every probe
 is also an ordinary, checked measurement), and records the results in the
 database's ``probes`` table, from which later runs reuse them. Everything the
 model predicts on a machine is read through these results, so a calibration
-measures the set twice and checks the passes against each other (a third pass
-where a backend's disagree, :data:`AGREE`).
+measures the set, measures a third of it again, and checks the two against each
+other (the rest of the second pass and a third one where a backend's disagree,
+:data:`AGREE`, :data:`CHECK_EVERY`).
 :func:`recalibrate` measures them again once they are old, as a calibration of
 that sitting (``collect`` calls it before each source), since these machines'
 speed moves by several percent over hours. ``collage-ml calibrate`` runs it
@@ -213,6 +214,12 @@ def probe_graphs() -> list[tuple[str, "object"]]:
 #: machine through them, then ranked OpenVINO last on nasrnn and mobilenetv2, where it is the fastest.
 AGREE = 1.10
 PASSES = 2  # a calibration's passes before the check (1: no check, as before 2026-12-06)
+#: the check's second pass measures every CHECK_EVERY-th probe of the set (1: every probe, as on 2026-12-06),
+#: and the rest of it only where a backend's check fails. The outliers it is for move a whole backend's probes
+#: for seconds (the Zen 4's OpenVINO: every probe, median 1.6x), which a third of them shows as well as all
+#: of them; and two full passes agree no better between calibrations than one (the Zen 4, five of each:
+#: benchmarks/results/calibration_passes_zen4.json), so the full second pass bought insurance, not precision.
+CHECK_EVERY = 3
 
 
 def pass_ratios(first: dict, second: dict) -> dict[str, float]:
@@ -237,6 +244,10 @@ def combined(values: Sequence[float | None]) -> float | None:
     return float(np.median(ok))
 
 
+def _nth(n: int) -> str:
+    return {1: "st", 2: "nd", 3: "rd"}.get(n if n < 20 else n % 10, "th")
+
+
 def ensure_probes(
     runner, backends: Sequence, progress: bool = False, say: Callable[[str], None] | None = None,
     sitting: float | None = None,
@@ -248,8 +259,10 @@ def ensure_probes(
     measures every time. With ``sitting`` (when a later calibration started) it measures every probe again,
     past the database's cache, and records the results as that sitting's calibration.
 
-    A calibration is :data:`PASSES` passes over the missing probes, checked against each other (see
-    :data:`AGREE`); each probe records the geometric mean of its two passes, or the median of three. The
+    A calibration is :data:`PASSES` passes over the missing probes, the second over every
+    :data:`CHECK_EVERY`-th of them, checked against each other (see :data:`AGREE`); each probe records the
+    geometric mean of its two passes (its one, where the second skipped it), or, for a backend whose passes
+    disagree, the median of three whole passes. The
     first pass of a first calibration goes through the measurement cache, so an interrupted one is resumed
     from its rows; the later passes are measured now, and the results are recorded once every pass is done.
     """
@@ -283,7 +296,7 @@ def ensure_probes(
                 label[c.key] = (b.name, name)
     unsupported = [k for k in subgraph if k not in set(label.values())]
     passes = max(1, int(PASSES))
-    bar = Bar(progress, transient=True).start().task("probes", len(cands) * passes)
+    bar = Bar(progress, transient=True).start().task("probes", len(cands))
 
     def measure_pass(batch: list, cached: bool) -> dict:
         got: dict = {}
@@ -301,22 +314,30 @@ def ensure_probes(
 
     ratios: dict[str, float] = {}
     off: dict[str, float] = {}
+    every = max(1, int(CHECK_EVERY))
+    sample = [c for c in cands if names.index(label[c.key][1]) % every == 0]
+    planned = len(cands) + (len(sample) + len(cands) * (passes - 2) if passes >= 2 else 0)
+    bar.set_total(planned)
     try:
         results = [measure_pass(cands, cached=sitting is None)]
-        for _ in range(passes - 1):
-            results.append(measure_pass(cands, cached=False))
+        for k in range(passes - 1):
+            results.append(measure_pass(sample if k == 0 else cands, cached=False))
         if passes >= 2 and cands:
             ratios = pass_ratios(results[0], results[1])
             off = {b: r for b, r in ratios.items() if abs(np.log(r)) > np.log(AGREE)}
             if say:
-                say("the probe set's second pass / its first (median over each backend's probes): "
+                which = "second pass" if every == 1 else f"second pass (every {every}{_nth(every)} probe)"
+                say(f"the probe set's {which} / its first (median over each backend's probes): "
                     + ", ".join(f"{b} {r:.2f}" for b, r in ratios.items())
                     + (f"; {', '.join(off)} off by over {AGREE - 1:.0%}: measuring "
                        f"{'it' if len(off) == 1 else 'them'} a third time, each probe keeping the median of three"
                        if off else ""))
             if off:
                 again = [c for c in cands if label[c.key][0] in off]
-                bar.set_total(len(cands) * passes + len(again))
+                rest = [c for c in again if label[c.key] not in results[1]] if passes == 2 else []
+                bar.set_total(planned + len(rest) + len(again))
+                if rest:  # the second pass, whole, for the backends it flagged
+                    results[1].update(measure_pass(rest, cached=False))
                 results.append(measure_pass(again, cached=False))
     finally:
         bar.close()

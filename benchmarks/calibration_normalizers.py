@@ -8,6 +8,9 @@ log 1.1). The factors:
 - ``raw``: 1;
 - ``roofline``: A's machine roofline estimate of the candidate over B's (``featurize.roofline.
   machine_log_estimate``, each row's own calibration): what the ``roofline-mean`` target does to labels;
+- ``roofline-joint``: the same with the probes' rates fitted jointly (one overhead for every probe;
+  ``featurize.roofline.FIT = "joint"``, studied 2026-12-06 and not adopted) where ``roofline`` uses the
+  featurizer's fit (a line through each kernel's two batches);
 - ``probe-median``: per backend, the median over probes of A's probe latency over B's;
 - ``probe-all``: the same median over every backend's probes (one factor per pair of calibrations);
 - ``oracle``: the median label ratio A/B (one factor per pair, known only after measuring both).
@@ -27,9 +30,10 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from collage_ml.featurize import roofline  # noqa: E402
 from label_ceiling import agreement, load, machine_estimate, row_key  # noqa: E402  (benchmarks/ is not a package)
 
-ARMS = ("raw", "roofline", "probe-median", "probe-all", "oracle")
+ARMS = ("raw", "roofline", "roofline-joint", "probe-median", "probe-all", "oracle")
 
 
 def _rows(path: str) -> dict:
@@ -56,6 +60,12 @@ def compare(pa: str, pb: str, cache: dict) -> dict:
         raise SystemExit(f"{pa} and {pb} share no candidate")
     lab = np.array([b[k].latency / a[k].latency for k in keys])
     est = np.array([math.exp(machine_estimate(a[k]) - machine_estimate(b[k])) for k in keys])
+    fit = roofline.FIT
+    try:
+        roofline.FIT = "joint"
+        est2 = np.array([math.exp(machine_estimate(a[k]) - machine_estimate(b[k])) for k in keys])
+    finally:
+        roofline.FIT = fit
     memo: dict = {}
 
     def ratio(k, backend):  # once per pair of calibrations and backend
@@ -65,7 +75,7 @@ def compare(pa: str, pb: str, cache: dict) -> dict:
         return memo[m]
 
     factors = {
-        "raw": np.ones(len(keys)), "roofline": est,
+        "raw": np.ones(len(keys)), "roofline": est, "roofline-joint": est2,
         "probe-median": np.array([ratio(k, k[-1]) for k in keys]),  # k: label_ceiling.row_key, backend last
         "probe-all": np.array([ratio(k, None) for k in keys]),
         "oracle": np.full(len(keys), 1 / float(np.median(lab))),
@@ -73,6 +83,8 @@ def compare(pa: str, pb: str, cache: dict) -> dict:
     out: dict = {"n": len(keys), **{arm: _within(lab * factors[arm]) for arm in ARMS}}
     out["label_ratio"] = float(np.median(lab))  # B / A
     out["roofline_ratio"] = float(np.median(1 / est))  # B's estimate / A's
+    out["roofline_joint_ratio"] = float(np.median(1 / est2))
+    out["roofline_fit"] = fit
     out["probe_median_ratio"] = float(np.median(1 / factors["probe-median"]))
     return out
 

@@ -72,6 +72,7 @@ from rich.table import Table
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from collage_ml.featurize import roofline  # noqa: E402
 from collage_ml.models.base import create_model  # noqa: E402
 from collage_ml.models.dataset import Dataset, pool_probes  # noqa: E402
 from collage_ml.models.evaluate import (  # noqa: E402
@@ -336,6 +337,8 @@ def main() -> int:
     ap.add_argument("--pool-probes", action="store_true",
                     help="give each machine one probe table, the median of its databases' calibrations "
                          "(models.dataset.pool_probes; `collage-ml train --pool-probes`)")
+    ap.add_argument("--roofline-fit", choices=("two-point", "joint"), default=None,
+                    help="how the probes' rates are fitted (featurize.roofline.FIT; default: the featurizer's)")
     ap.add_argument("--no-few-shot", action="store_true")
     ap.add_argument("--no-lofo", action="store_true", help="skip leave-one-family-out (and the plot)")
     ap.add_argument("--blend", action="store_true",
@@ -366,6 +369,8 @@ def main() -> int:
         create_model(k, **params[k])  # fail early on a bad kind or parameter
     shots = [int(x) for x in args.shots.split(",")] if args.shots else ([10, 50] if args.quick else [10, 50, 200])
 
+    if args.roofline_fit:
+        roofline.FIT = args.roofline_fit
     t0 = time.perf_counter()
     log(f"loading {args.db}")
     data = Dataset.from_db(args.db, progress=sys.stderr.isatty())
@@ -395,6 +400,7 @@ def main() -> int:
         "extra_train_dbs": [str(p) for p in args.extra_train_db],
         "n_extra_train": len(extra),
         "pool_probes": bool(args.pool_probes),
+        "roofline_fit": roofline.FIT,
     }
 
     # 1. leave one family out

@@ -40,7 +40,8 @@ application id is :data:`APPLICATION_ID`):
   without a schema bump (``db.probes``); ``probe_nodes`` (key, ``probe``, ``timestamp``, ``node``) names the
   machine that measured each result, as ``extra.node`` does a measurement's (also additive), and
   ``probe_checks`` (key, ``timestamp``, ``node``, ``passes``, ``ratio``) how each backend's calibration checked
-  out: the probe set is measured twice, and a third time where the passes disagree (``measure.probes.AGREE``).
+  out: the probe set is measured, a third of it again, and the whole a second and third time where the two
+  disagree (``measure.probes.AGREE``, ``CHECK_EVERY``).
 
 Schema 1 had neither ``status``, ``attempts``, ``protocol`` nor ``probes``: opening such a
 file for writing migrates it in one transaction (every row kept, with protocol

@@ -312,3 +312,28 @@ def test_feedback_holds_fewer_samples_than_an_update_can_learn_from(convnets, tm
     info = fb.flush()
     assert info is not None and info["n"] == XGBCostModel.min_update and fb.held == [] and fb.updates == 1
     assert (tmp_path / "saved" / "meta.json").exists()
+
+
+def test_machine_balance_weighs_each_machine_the_same():
+    """``balance="machine"``: a machine with nine times the rows no longer sets the prediction by itself. Two
+    machines that the features cannot tell apart disagree by 4x on every subgraph; unbalanced, the model lands
+    near the big machine's latencies, balanced near the geometric middle (2x the big one's)."""
+    import dataclasses
+
+    from collage_ml.models.xgb import machine_weights
+
+    base = samples_of([("bert-tiny", 1)], "bert", per_model=60)
+    infos = list({s.info.hash: s for s in base if s.backend == "onnxruntime"}.values())
+    big = [dataclasses.replace(s, hardware="cpu-big", latency=s.latency) for s in infos for _ in range(9)]
+    small = [dataclasses.replace(s, hardware="cpu-small", latency=4 * s.latency) for s in infos]
+    w = machine_weights(big + small)
+    assert w[: len(big)].sum() == pytest.approx(w[len(big):].sum()) and w.mean() == pytest.approx(1.0)
+    ratios = {}
+    for balance in ("none", "machine"):
+        m = XGBCostModel(**{**PARAMS, "n_members": 1, "ranker": False, "target": "log"}, balance=balance)
+        m.fit(Dataset(big + small))
+        pred = m.predict(infos)[0]
+        ratios[balance] = float(np.exp(np.median(np.log(pred / np.array([s.latency for s in infos])))))
+    assert ratios["none"] < 1.5 and 1.7 < ratios["machine"] < 2.3, ratios
+    with pytest.raises(ValueError, match="unknown balance 'fleet'"):
+        XGBCostModel(balance="fleet")

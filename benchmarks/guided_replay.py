@@ -2,7 +2,8 @@
 
     .venv/bin/python benchmarks/guided_replay.py --db datasets/cpu-2core-zen5-m3/measurements.db \
         [--cost-model default|ARTIFACT ...] [--models all|a,b] [--max-region-size 2] [--json OUT] \
-        [--hardware FP --threads N] [--without FP,FP [--without-kind xgb,gnn,blend] [--xgb-param KEY=VALUE]]
+        [--hardware FP --threads N] [--without FP,FP [--without-kind xgb,gnn,blend] [--xgb-param KEY=VALUE]
+        [--without-synthetic]]
 
 A dataset collected with the enumerate sampler holds every candidate that
 ``place`` enumerates for a zoo model on this machine. This benchmark runs
@@ -93,28 +94,39 @@ def replay(graph, backends, runner, model, hw, cfg: GuidedConfig, max_region_siz
     }
 
 
-def _trained_without(fingerprints: list[str], params: dict | None = None, kind: str = "xgb") -> Path:
+def _trained_without(fingerprints: list[str], params: dict | None = None, kind: str = "xgb",
+                     synthetic: bool = True) -> Path:
     """A ``kind`` artifact (``params`` over XGBoost's defaults) trained on every dataset (as
-    ``guided_vs_exhaustive.py`` picks them) but the rows of ``fingerprints``; trained once, then read from the
-    cache. A ``blend`` is the XGBoost and GNN artifacts of the same rows, blended (trained if not cached)."""
+    ``guided_vs_exhaustive.py`` picks them; without the synthetic-network sets where ``synthetic`` is False) but
+    the rows of ``fingerprints``; trained once, then read from the cache. A ``blend`` is the XGBoost and GNN
+    artifacts of the same rows, blended (trained if not cached)."""
     import hashlib
 
-    from guided_vs_exhaustive import ROOT, _all_data, _tag
+    from guided_vs_exhaustive import DATASETS, ROOT, _all_data, _tag
+
+    from collage_ml.models import Dataset
 
     from collage_ml.featurize.schema import SCHEMA_VERSION
     from collage_ml.models import create_model
     from collage_ml.models.blend import BlendCostModel
 
     params = dict(params or {})
-    name = hashlib.sha1((",".join(fingerprints) + json.dumps(params, sort_keys=True)).encode()).hexdigest()[:10]
+    name = hashlib.sha1((",".join(fingerprints) + json.dumps(params, sort_keys=True)
+                         + ("" if synthetic else "-no-synthetic")).encode()).hexdigest()[:10]
     art = ROOT / ".cache" / "guided-bench" / f"without-{name}-{kind}-s{SCHEMA_VERSION}-{_tag(kind)}"
     if not (art / "meta.json").exists():
         if kind == "blend":
-            members = [load_model(_trained_without(fingerprints, params, k)) for k in ("xgb", "gnn")]
+            members = [load_model(_trained_without(fingerprints, params, k, synthetic)) for k in ("xgb", "gnn")]
             BlendCostModel.of(members).save(art)
             return art
         left_out = set(fingerprints)
-        data = _all_data()
+        if synthetic:
+            data = _all_data()
+        else:
+            data = Dataset()
+            for p in DATASETS:
+                if "synth" not in p.parent.name:
+                    data = data + Dataset.from_db(p)
         train = data.filter(lambda s: s.hardware not in left_out)
         if len(train) == len(data):
             raise SystemExit(f"guided_replay: no dataset has rows of {', '.join(fingerprints)}")
@@ -142,6 +154,8 @@ def main() -> None:
                          "under .cache/guided-bench/")
     ap.add_argument("--without-kind", default="xgb", metavar="KIND[,KIND...]",
                     help="the --without models' kinds: xgb, gnn, blend (default: xgb)")
+    ap.add_argument("--without-synthetic", action="store_true",
+                    help="train the --without models without the synthetic-network datasets too")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     models = zoo.names(include_tiny=False) if args.models == "all" else args.models.split(",")
@@ -159,7 +173,8 @@ def main() -> None:
         for kind in args.without_kind.split(","):
             if kind not in ("xgb", "gnn", "blend"):
                 raise SystemExit(f"guided_replay: --without-kind takes xgb, gnn or blend, not {kind!r}")
-            arts.append(str(_trained_without(sorted(args.without.split(",")), params, kind)))
+            arts.append(str(_trained_without(sorted(args.without.split(",")), params, kind,
+                                             synthetic=not args.without_synthetic)))
     backends = resolve_backends(args.backends)
     console = Console(width=200)
     out: dict = {}

@@ -59,13 +59,16 @@ def compare(pa: str, pb: str, cache: dict) -> dict:
     if not keys:
         raise SystemExit(f"{pa} and {pb} share no candidate")
     lab = np.array([b[k].latency / a[k].latency for k in keys])
-    est = np.array([math.exp(machine_estimate(a[k]) - machine_estimate(b[k])) for k in keys])
     fit = roofline.FIT
-    try:
-        roofline.FIT = "joint"
-        est2 = np.array([math.exp(machine_estimate(a[k]) - machine_estimate(b[k])) for k in keys])
-    finally:
-        roofline.FIT = fit
+
+    def estimate_ratios(with_fit: str) -> np.ndarray:  # A's machine estimate over B's, the rates fitted so
+        try:
+            roofline.FIT = with_fit
+            return np.array([math.exp(machine_estimate(a[k]) - machine_estimate(b[k])) for k in keys])
+        finally:
+            roofline.FIT = fit
+
+    est, est2 = estimate_ratios(fit), estimate_ratios("joint")
     memo: dict = {}
 
     def ratio(k, backend):  # once per pair of calibrations and backend

@@ -110,8 +110,8 @@ def main() -> int:
             with tempfile.TemporaryDirectory() as tmp:
                 table, secs, checks, n_runs = calibrate_once(backends, args.threads, setting, Path(tmp))
             runs[kind].append({"started": time.strftime("%H:%M:%S", time.gmtime()), "seconds": secs,
-                               "probe_runs": n_runs, "table": table, "checks": [{k: c[k] for k in ("backend", "passes", "ratio")}
-                                                          for c in checks]})
+                               "probe_runs": n_runs, "table": table,
+                               "checks": [{k: c[k] for k in ("backend", "passes", "ratio")} for c in checks]})
             third = [c["backend"] for c in checks if c["passes"] >= 3]
             console.print(f"[dim]{kind} {i + 1}/{args.rounds}: {secs:.0f} s, {n_runs} probe runs"
                           + (f", a third pass on {', '.join(third)}" if third else "") + "[/]")
@@ -127,12 +127,13 @@ def main() -> int:
         summary[k]["seconds"] = float(np.mean([r["seconds"] for r in runs[k]]))
         summary[k]["probe_runs"] = float(np.mean([r["probe_runs"] for r in runs[k]]))
         summary[k]["third_passes"] = sum(c["passes"] >= 3 for r in runs[k] for c in r["checks"])
-        t.add_row(k, f"{summary[k]['seconds']:.0f}", f"{summary[k]['probe_runs']:.0f}", *(f"{summary[k][c]:.3f}" for c in cols))
+        t.add_row(k, f"{summary[k]['seconds']:.0f}", f"{summary[k]['probe_runs']:.0f}",
+                  *(f"{summary[k][c]:.3f}" for c in cols))
     console.print(t)
     threads = args.threads or default_threads()
     out = {"machine": hardware_info(threads), "fingerprint": fingerprint(threads), "backends": [b.name for b in backends],
-           "rows_db": str(args.rows_db), "rows": len(rows), "agree": probes.AGREE, "kinds": kinds, "summary": summary, "pairs": pairs,
-           "runs": runs}
+           "rows_db": str(args.rows_db), "rows": len(rows), "agree": probes.AGREE, "kinds": kinds, "summary": summary,
+           "pairs": pairs, "runs": runs}
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(out, indent=1))

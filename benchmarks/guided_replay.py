@@ -102,9 +102,7 @@ def _trained_without(fingerprints: list[str], params: dict | None = None, kind: 
     artifacts of the same rows, blended (trained if not cached)."""
     import hashlib
 
-    from guided_vs_exhaustive import DATASETS, ROOT, _all_data, _tag
-
-    from collage_ml.models import Dataset
+    from guided_vs_exhaustive import ROOT, _all_data, _tag
 
     from collage_ml.featurize.schema import SCHEMA_VERSION
     from collage_ml.models import create_model
@@ -120,13 +118,7 @@ def _trained_without(fingerprints: list[str], params: dict | None = None, kind: 
             BlendCostModel.of(members).save(art)
             return art
         left_out = set(fingerprints)
-        if synthetic:
-            data = _all_data()
-        else:
-            data = Dataset()
-            for p in DATASETS:
-                if "synth" not in p.parent.name:
-                    data = data + Dataset.from_db(p)
+        data = _all_data(synthetic)
         train = data.filter(lambda s: s.hardware not in left_out)
         if len(train) == len(data):
             raise SystemExit(f"guided_replay: no dataset has rows of {', '.join(fingerprints)}")

@@ -62,12 +62,14 @@ ROOT = Path(__file__).resolve().parent.parent
 DATASETS = sorted(p for p in (ROOT / "datasets").glob("*/measurements.db") if "configs" not in p.parent.name)
 
 
-def _all_data():
+def _all_data(synthetic: bool = True):
+    """Every dataset's rows (``synthetic`` False: less the synthetic-network sets)."""
     from collage_ml.models import Dataset
 
     data = Dataset()
     for p in DATASETS:
-        data = data + Dataset.from_db(p)
+        if synthetic or "synth" not in p.parent.name:
+            data = data + Dataset.from_db(p)
     return data
 
 

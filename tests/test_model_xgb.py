@@ -324,7 +324,7 @@ def test_machine_balance_weighs_each_machine_the_same():
 
     base = samples_of([("bert-tiny", 1)], "bert", per_model=60)
     infos = list({s.info.hash: s for s in base if s.backend == "onnxruntime"}.values())
-    big = [dataclasses.replace(s, hardware="cpu-big", latency=s.latency) for s in infos for _ in range(9)]
+    big = [dataclasses.replace(s, hardware="cpu-big") for s in infos for _ in range(9)]
     small = [dataclasses.replace(s, hardware="cpu-small", latency=4 * s.latency) for s in infos]
     w = machine_weights(big + small)
     assert w[: len(big)].sum() == pytest.approx(w[len(big):].sum()) and w.mean() == pytest.approx(1.0)

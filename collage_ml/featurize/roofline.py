@@ -125,9 +125,9 @@ def _joint(probes: tuple[float | None, ...]) -> Rates | None:
     For an overhead ``o``, each probe's rate is its work over its latency less ``o``, and a class's rate the
     median of its probes' (both batches); ``o`` is the one, of :data:`_GRID` tried between 0.1% and 95% of
     the fastest probe (then a finer grid around the best), whose rates then predict the set's latencies best
-    (the least sum of absolute log errors). Every number so rests on all 26 latencies, none on a difference of two: the two-point fit's
-    overhead, ``(r * l1 - l16) / (r - 1)``, multiplied the probes' noise (on one Zen 4 VM, calibrations 12
-    minutes apart whose probes agreed within 1% put its estimates 4% apart at the median)."""
+    (the least sum of absolute log errors). Every number so rests on all 26 latencies, none on a difference of
+    two: the two-point fit's overhead, ``(r * l1 - l16) / (r - 1)``, multiplied the probes' noise (on one Zen 4
+    VM, calibrations 12 minutes apart whose probes agreed within 1% put its estimates 4% apart at the median)."""
     pts = _points(probes)
     if not any(c == "mem" for c, _, _ in pts):
         return None

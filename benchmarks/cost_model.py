@@ -71,8 +71,10 @@ from rich.table import Table
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))  # shipped_datasets, when this file is loaded by path (the tests)
 
 from collage_ml.featurize import roofline  # noqa: E402
+from shipped_datasets import dataset_dbs  # noqa: E402
 from collage_ml.models.base import create_model  # noqa: E402
 from collage_ml.models.dataset import Dataset, pool_probes  # noqa: E402
 from collage_ml.models.evaluate import (  # noqa: E402
@@ -91,8 +93,7 @@ from collage_ml.models.evaluate import (  # noqa: E402
 DEFAULT_DB = ROOT / "datasets" / "cpu-2core-zen4" / "measurements.db"
 #: the machine-out sections' datasets: every shipped one but the backend-configuration and synthetic-network sets
 #: (those would change what a machine's held-out rows are; pass them with --hardware-dbs to include them)
-DEFAULT_HW_DBS = sorted(p for p in (ROOT / "datasets").glob("*/measurements.db")
-                        if "configs" not in p.parent.name and "synth" not in p.parent.name)
+DEFAULT_HW_DBS = dataset_dbs(synthetic=False)
 VARIANTS = ("xgb", "xgb-log", "xgb-roof", "xgb-mean", "xgb-static", "gnn", "blend")
 DEFAULT_VARIANTS = ("xgb", "xgb-roof", "xgb-log", "xgb-static", "gnn")  # xgb-mean is xgb under today's defaults
 HW_FAMILIES = ("bert", "mobilenetv2", "nasnet", "resnet50")

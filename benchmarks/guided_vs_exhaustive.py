@@ -58,8 +58,9 @@ from collage_ml.measure.e2e import measure_head_to_head
 from collage_ml.measure.runner import Runner
 from collage_ml.search.evolutionary import EvoConfig
 
-ROOT = Path(__file__).resolve().parent.parent
-DATASETS = sorted(p for p in (ROOT / "datasets").glob("*/measurements.db") if "configs" not in p.parent.name)
+from shipped_datasets import ROOT, dataset_dbs  # noqa: E402  (benchmarks/ is on sys.path when run)
+
+DATASETS = dataset_dbs()
 
 
 def _all_data(synthetic: bool = True):
@@ -67,9 +68,8 @@ def _all_data(synthetic: bool = True):
     from collage_ml.models import Dataset
 
     data = Dataset()
-    for p in DATASETS:
-        if synthetic or "synth" not in p.parent.name:
-            data = data + Dataset.from_db(p)
+    for p in dataset_dbs(synthetic):
+        data = data + Dataset.from_db(p)
     return data
 
 

@@ -47,3 +47,18 @@ def test_no_match_is_one_line_naming_the_folds(bench):
         bench.select_folds(FOLDS, "Zen 9")
     msg = str(e.value)
     assert "'Zen 9'" in msg and "no hardware-out fold matches" in msg and "Zen 3 t1" in msg and "\n" not in msg
+
+
+def test_the_machine_out_datasets_leave_out_synthetic_and_configuration_sets(bench, tmp_path):
+    import shipped_datasets  # on sys.path once the benchmark is loaded
+
+    for name in ("cpu-2core-a-m5", "cpu-2core-a-synth-m5", "cpu-2core-b-synth-v2-m5", "cpu-2core-a-configs"):
+        (tmp_path / "datasets" / name).mkdir(parents=True)
+        (tmp_path / "datasets" / name / "measurements.db").touch()
+    (tmp_path / "datasets" / "reruns").mkdir()  # no measurements.db at its top: not a dataset
+    names = lambda dbs: [p.parent.name for p in dbs]  # noqa: E731
+    assert names(shipped_datasets.dataset_dbs(root=tmp_path)) == [
+        "cpu-2core-a-m5", "cpu-2core-a-synth-m5", "cpu-2core-b-synth-v2-m5"]
+    assert names(shipped_datasets.dataset_dbs(synthetic=False, root=tmp_path)) == ["cpu-2core-a-m5"]
+    assert set(bench.DEFAULT_HW_DBS) == set(shipped_datasets.dataset_dbs(synthetic=False))
+    assert bench.DEFAULT_HW_DBS and not any("synth" in str(p) or "configs" in str(p) for p in bench.DEFAULT_HW_DBS)

@@ -37,6 +37,7 @@ from collage_ml.featurize.flat import FEATURES, flat_matrix  # noqa: E402
 from collage_ml.models.dataset import Dataset  # noqa: E402
 from collage_ml.models.evaluate import average_metrics, evaluate_predictions, json_safe  # noqa: E402
 from collage_ml.models.xgb import DEFAULTS, XGBCostModel  # noqa: E402
+from shipped_datasets import dataset_dbs  # noqa: E402  (benchmarks/ is on sys.path when run)
 
 VARIANTS = ("log", "roofline", "level+delta", "rank", "ranker-order", "log+ranker")
 SHOWN = ("mape", "within_10pct", "pairwise_accuracy", "top1_regret", "backend_pairwise_accuracy", "backend_choice_regret")
@@ -81,7 +82,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--db", type=Path, default=ROOT / "datasets" / "cpu-2core-zen5" / "measurements.db")
     ap.add_argument("--hardware-dbs", type=Path, nargs="*",
-                    default=sorted(p for p in (ROOT / "datasets").glob("*/measurements.db") if "configs" not in p.parent.name))
+                    default=dataset_dbs())
     ap.add_argument("--variants", default=",".join(VARIANTS))
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args()

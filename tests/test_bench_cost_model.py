@@ -61,4 +61,5 @@ def test_the_machine_out_datasets_leave_out_synthetic_and_configuration_sets(ben
         "cpu-2core-a-m5", "cpu-2core-a-synth-m5", "cpu-2core-b-synth-v2-m5"]
     assert names(shipped_datasets.dataset_dbs(synthetic=False, root=tmp_path)) == ["cpu-2core-a-m5"]
     assert set(bench.DEFAULT_HW_DBS) == set(shipped_datasets.dataset_dbs(synthetic=False))
-    assert bench.DEFAULT_HW_DBS and not any("synth" in str(p) or "configs" in str(p) for p in bench.DEFAULT_HW_DBS)
+    assert bench.DEFAULT_HW_DBS and not any("synth" in p.parent.name or "configs" in p.parent.name
+                                            for p in bench.DEFAULT_HW_DBS)

@@ -44,7 +44,8 @@ static description only, i.e. what the model knew before the probe set),
 Each database's samples carry the probe table it was calibrated with;
 ``--pool-probes`` gives every machine (fingerprint, threads, protocol) one
 table instead, the median of its databases' calibrations
-(``models.dataset.pool_probes``), in every section.
+(``models.dataset.pool_probes``), in every section; ``--pool-probes node``
+one per instance of the machine (the node its rows recorded: a VM's boot).
 
 ``--plot`` draws predicted against measured latency from the
 leave-one-family-out predictions, one log-log panel per backend, one colour
@@ -76,6 +77,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))  # shipped_datasets, when this file
 from collage_ml.featurize import roofline  # noqa: E402
 from shipped_datasets import dataset_dbs  # noqa: E402
 from collage_ml.models.base import create_model  # noqa: E402
+from collage_ml.defaults import POOL_BY  # noqa: E402
 from collage_ml.models.dataset import Dataset, pool_probes  # noqa: E402
 from collage_ml.models.evaluate import (  # noqa: E402
     HIGHER_IS_BETTER,
@@ -335,9 +337,9 @@ def main() -> int:
     ap.add_argument("--shots", default=None, help="few-shot N, comma-separated (default 10,50,200)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--no-random-split", action="store_true")
-    ap.add_argument("--pool-probes", action="store_true",
-                    help="give each machine one probe table, the median of its databases' calibrations "
-                         "(models.dataset.pool_probes; `collage-ml train --pool-probes`)")
+    ap.add_argument("--pool-probes", nargs="?", const="machine", default=None, choices=POOL_BY,
+                    help="give each machine (or each instance of it: 'node') one probe table, the median of its "
+                         "databases' calibrations (models.dataset.pool_probes; `collage-ml train --pool-probes`)")
     ap.add_argument("--roofline-fit", choices=("two-point", "joint"), default=None,
                     help="how the probes' rates are fitted (featurize.roofline.FIT; default: the featurizer's)")
     ap.add_argument("--no-few-shot", action="store_true")
@@ -387,7 +389,7 @@ def main() -> int:
         log(f"extra training rows from {p}: {len(part)} (sources {', '.join(part.sources())})")
         extra = extra + part
     if args.pool_probes:
-        pooled = pool_probes([data, extra])
+        pooled = pool_probes([data, extra], args.pool_probes)
         log("pooled probe tables: " + (", ".join(f"{fp} ({n} calibrations)" for fp, n in pooled.items()) or "none"))
     results: dict[str, Any] = {
         "db": str(args.db),
@@ -400,7 +402,7 @@ def main() -> int:
         "n": len(data),
         "extra_train_dbs": [str(p) for p in args.extra_train_db],
         "n_extra_train": len(extra),
-        "pool_probes": bool(args.pool_probes),
+        "pool_probes": args.pool_probes or False,
         "roofline_fit": roofline.FIT,
     }
 
@@ -472,7 +474,7 @@ def main() -> int:
             log(f"{p}: {len(part)} samples ({part.protocols})")
             hw_data = hw_data + part
         if args.pool_probes:
-            pool_probes([hw_data])
+            pool_probes([hw_data], args.pool_probes)
         labels = hardware_labels(paths)
         hw_fams = tuple(f.strip() for f in args.hw_families.split(",") if f.strip())
         ho = hardware_out(hw_data, labels, variants, params, hw_fams, args.hw_folds)

@@ -181,7 +181,7 @@ def train(
     *,
     hardware: str | None = None,
     progress: bool = PROGRESS,
-    pool_probes: bool = False,
+    pool_probes: bool | str = False,
 ):
     """Fits a cost model on the valid measurements of ``db``; returns the :class:`~collage_ml.models.base.CostModel`.
 
@@ -198,7 +198,8 @@ def train(
     - ``hardware``: train on this hardware fingerprint's rows only.
     - ``pool_probes``: of several databases, give each machine (fingerprint, threads, protocol) one probe
       table, the median of their calibrations, instead of each database its own (opt-in: it helped two
-      CPU kinds of three, docs/results/cost-models.md, "One probe table per machine").
+      CPU kinds of three, docs/results/cost-models.md, "One probe table per machine"); ``"node"`` pools each
+      instance of a machine (a VM's boot, as its rows recorded it) apart.
 
     The model's ``training`` dict says what happened: ``n``, ``sources``, ``backends``,
     ``hardware``, ``fit_seconds``, ``params``, and for held-out families ``holdout[family]``

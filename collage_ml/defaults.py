@@ -28,8 +28,11 @@ MODEL_KIND = "xgb"
 #: ``collect`` calibrates the machine (the probe set) when it starts and again, as a sitting of its own, once
 #: the newest calibration is older than this many hours (None: never)
 RECALIBRATE_HOURS = 1.0
+#: what ``train --pool-probes`` gives one probe table: each machine (fingerprint, threads, protocol), or each
+#: instance of it apart (the node its rows recorded: a VM's boot)
+POOL_BY = ("machine", "node")
 #: progress bars in the Python API (the CLI shows them unless --no-progress)
 PROGRESS = False
 
-__all__ = ["BACKENDS", "COST_MODEL", "DB", "MAX_REGION_SIZE", "MODE", "MODEL_KIND", "PROGRESS", "RECALIBRATE_HOURS",
-           "THREADS"]
+__all__ = ["BACKENDS", "COST_MODEL", "DB", "MAX_REGION_SIZE", "MODE", "MODEL_KIND", "POOL_BY", "PROGRESS",
+           "RECALIBRATE_HOURS", "THREADS"]

@@ -528,6 +528,12 @@ def test_training_on_two_databases_of_one_machine_pools_their_calibrations_when_
     assert main(["train", "--db", str(paths[0]), "--db", str(paths[1]), "--model", "xgb", "-o", str(art),
                  "--pool-probes", "--param", "n_estimators=5", "--param", "n_members=1", "--param", "n_jobs=1"]) == 0
     assert "one probe table per machine, the median of its databases' calibrations: " in capsys.readouterr().out
+    # per node: the rows recorded none, so both databases' rows are one instance of the machine, pooled as above
+    by_node = load_dataset(paths, pool="node")
+    assert {s.hw for s in by_node} == {s.hw for s in both} and by_node.pooled == both.pooled
+    with pytest.raises(SystemExit):
+        main(["train", "--db", str(paths[0]), "--db", str(paths[1]), "-o", str(art), "--pool-probes", "vm"])
+    assert "invalid choice: 'vm'" in capsys.readouterr().err
 
 
 def test_each_row_is_read_against_the_calibration_of_its_own_sitting(tiny_db, tmp_path):
@@ -590,9 +596,11 @@ def test_rows_of_two_machines_of_one_kind_read_their_own_machines_calibration(ti
     assert on_b and len(on_b) < len(ds)
     for s in ds:
         assert s.hw.probes_of("onnxruntime")[0] == pytest.approx(3e-4 if s.key in on_b else 1e-4)
+    assert {s.node for s in ds if s.key in on_b} == {"boot:b"} and {s.node for s in ds if s.key not in on_b} == {"boot:a"}
     with Database(p) as d:  # rows that name no node (collected before nodes were recorded): both, as one sitting
         d._write(lambda c: c.execute("UPDATE measurements SET extra = json_remove(extra, '$.node')"), "test")
     assert [s.hw.probes_of("onnxruntime")[0] for s in Dataset.from_db(p)] == pytest.approx([2e-4] * len(ds))
+    assert {s.node for s in Dataset.from_db(p)} == {""}
 
 
 def test_the_calibration_of_a_row_is_the_nearest_in_time_of_its_protocol_per_backend():

@@ -369,3 +369,37 @@ def test_pooling_gives_one_machine_the_median_of_its_calibrations_and_leaves_oth
     assert (other.samples[0].hw, one_thread.samples[0].hw, old.samples[0].hw) == before
     assert pool_probes([other]) == {}
 
+
+def test_pooling_by_node_gives_each_instance_of_a_machine_its_own_median():
+    """Two VMs of one fingerprint (nodes), each calibrated in several sittings: ``by="node"`` pools each VM's
+    sittings apart; by machine, all of them pool into one table."""
+    from collage_ml.models.dataset import pool_probes
+
+    info = _compute_bound_infos()[0]
+
+    def part(node: str, scale: float) -> Dataset:
+        hw = HardwareDesc(cores=2, threads=2, gpu=False).with_probes({"onnxruntime": fake_probes(scale=scale)})
+        return Dataset([Sample(info, "onnxruntime", hw, 1e-3, hardware="m1", protocol="m5", node=node)] * 2)
+
+    def vms():  # VM a: sittings at 1.0, 1.2, 1.4; VM b: 3.0 and 3.4; rows that recorded no node: 0.5
+        return [part("boot:a", 1.0), part("boot:a", 1.2), part("boot:a", 1.4), part("boot:b", 3.0),
+                part("boot:b", 3.4), part("", 0.5)]
+
+    def first_probe(d: Dataset) -> float:
+        (hw,) = {s.hw for s in d}
+        return hw.probes_of("onnxruntime")[0]
+
+    def lat(scale: float) -> float:
+        return fake_probes(scale=scale)[PROBE_NAMES[0]]
+
+    parts = vms()
+    assert pool_probes(parts, by="node") == {"m1": 5}  # the lone unrecorded table has nothing to pool with
+    vm_b = (lat(3.0) + lat(3.4)) / 2
+    assert [first_probe(d) for d in parts] == pytest.approx([lat(1.2)] * 3 + [vm_b] * 2 + [lat(0.5)])
+    assert {s.node for d in parts for s in d} == {"boot:a", "boot:b", ""}  # pooling leaves the node alone
+    parts = vms()
+    assert pool_probes(parts) == {"m1": 6}
+    assert [first_probe(d) for d in parts] == pytest.approx([(lat(1.2) + lat(1.4)) / 2] * 6)  # median of six
+    with pytest.raises(ValueError, match="by='vm' is not one of machine, node"):
+        pool_probes(vms(), by="vm")
+

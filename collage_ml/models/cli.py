@@ -13,7 +13,7 @@ import sys
 from typing import Any
 
 from collage_ml.argtypes import arg, key_value
-from collage_ml.defaults import COST_MODEL, DB, MODEL_KIND
+from collage_ml.defaults import COST_MODEL, DB, MODEL_KIND, POOL_BY
 
 KINDS = ("xgb", "gnn", "blend")
 DB_HELP = "measurement database (default: the per-user one that place and collect write)"
@@ -38,8 +38,9 @@ def add_parser(subparsers) -> None:
     t.add_argument("--holdout-family", action="append", default=[], metavar="NAME",
                    help="leave this source family out of training and report its metrics (repeatable)")
     t.add_argument("--hardware", default=None, metavar="FP", help="train on this hardware fingerprint only")
-    t.add_argument("--pool-probes", action="store_true",
-                   help="of several --db, give each machine one probe table: the median of their calibrations")
+    t.add_argument("--pool-probes", nargs="?", const="machine", default=False, choices=POOL_BY, metavar="machine|node",
+                   help="of several --db, give each machine (or, with 'node', each instance of it: a VM's boot) one "
+                        "probe table: the median of their calibrations")
     t.add_argument("--param", type=arg(key_value), action="append", default=[], metavar="KEY=VALUE",
                    help="model parameter; VALUE is parsed as JSON when it can be (repeatable)")
     t.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -109,7 +110,8 @@ def _train(args) -> int:
     if summary["skipped"]:
         print(f"skipped {summary['skipped']} rows whose stored subgraph no longer parses")
     if summary.get("pooled_probes"):
-        print("one probe table per machine, the median of its databases' calibrations: "
+        per = "instance of a machine (node)" if args.pool_probes == "node" else "machine"
+        print(f"one probe table per {per}, the median of its databases' calibrations: "
               + ", ".join(f"{fp} ({n})" for fp, n in sorted(summary["pooled_probes"].items())))
     held = summary.get("holdout") or {}
     if held:

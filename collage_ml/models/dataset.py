@@ -25,6 +25,7 @@ from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 import numpy as np
 
 from collage_ml.cost import CandidateKey, Measurement
+from collage_ml.defaults import POOL_BY
 from collage_ml.featurize.hardware import HardwareDesc
 from collage_ml.featurize.info import SubgraphInfo, info_from_onnx, subgraph_info
 from collage_ml.measure.probes import PROBE_SET_VERSION
@@ -45,6 +46,7 @@ class Sample:
     #: (source graph hash, first node) when the row recorded them: its decision group in the op-level DP
     decision: tuple[str, int] | None = None
     protocol: str = ""  # the measurement protocol the latency was timed under ("" when unknown)
+    node: str = ""  # the machine instance (e.g. ``boot:<id>``, a VM's boot) that measured it ("" when unrecorded)
 
     @property
     def log_latency(self) -> float:
@@ -200,7 +202,7 @@ class Dataset:
                 out.append(
                     Sample(info, m.key.backend, hw_cache[hk], float(m.median), m.family, src, m.key, m.hardware, pattern,
                            (str(dec[0]), int(dec[1])) if dec[0] is not None and dec[1] is not None else None,
-                           m.protocol)
+                           m.protocol, str(m.extra.get("node") or ""))
                 )
             bar(done=True)
         finally:
@@ -290,10 +292,16 @@ def items_of(objs: Sequence[Any], hw: HardwareDesc) -> list[Sample]:
     return out
 
 
-def pool_probes(parts: Sequence[Dataset]) -> dict[str, int]:
+def pool_probes(parts: Sequence[Dataset], by: str = "machine") -> dict[str, int]:
     """Gives every sample of one machine (fingerprint and threads) and protocol the same probe table, in place:
     per backend and probe, the median over the distinct calibrations that ``parts`` carry for them. Returns
-    {fingerprint: calibrations pooled} for each machine that had more than one (summed over its protocols).
+    {fingerprint: calibrations pooled} for each machine that had more than one (summed over its protocols
+    and nodes).
+
+    ``by="node"`` pools each instance of the machine apart (the row's ``node``: a VM's boot; rows that did not
+    record one form one group): the sittings of one VM share a table, and two VMs of one fingerprint keep
+    their own. On the Zen 3 at 2 threads the zoo's database came from one VM and three synthetic ones from
+    another, and one table for all of them read neither (docs/results/cost-models.md).
 
     A database made before calibrations were kept per sitting (2026-12-05) holds one, taken when its machine
     was first seen, and that table stands for every row collected into it, hours or days later. On the Xeon
@@ -307,14 +315,20 @@ def pool_probes(parts: Sequence[Dataset]) -> dict[str, int]:
     each times kernels its own way, and its calibration carries that scale to its labels."""
     from collage_ml.featurize.roofline import PROBE_NAMES
 
-    tables: dict[tuple[str, int, str], dict[HardwareDesc, None]] = {}
+    if by not in POOL_BY:
+        raise ValueError(f"pool_probes: by={by!r} is not one of {', '.join(POOL_BY)}")
+
+    def node(s: Sample) -> str:
+        return s.node if by == "node" else ""
+
+    tables: dict[tuple[str, int, str, str], dict[HardwareDesc, None]] = {}
     for d in parts:
         for s in d.samples:
             if s.hw.probes:
-                tables.setdefault((s.hardware, s.hw.threads, s.protocol), {})[s.hw] = None
-    swap: dict[tuple[str, str, HardwareDesc], HardwareDesc] = {}
+                tables.setdefault((s.hardware, s.hw.threads, s.protocol, node(s)), {})[s.hw] = None
+    swap: dict[tuple[str, str, str, HardwareDesc], HardwareDesc] = {}
     pooled: dict[str, int] = {}
-    for (fp, _, protocol), descs in tables.items():
+    for (fp, _, protocol, where), descs in tables.items():
         if len(descs) < 2:
             continue
         per_backend: dict[str, list[dict[str, float | None]]] = {}
@@ -324,10 +338,10 @@ def pool_probes(parts: Sequence[Dataset]) -> dict[str, int]:
         table = {b: probe_medians(ts) for b, ts in per_backend.items()}
         first = next(iter(descs))
         for h in descs:
-            swap[(fp, protocol, h)] = first.with_probes(table)
+            swap[(fp, protocol, where, h)] = first.with_probes(table)
         pooled[fp] = pooled.get(fp, 0) + len(descs)
     if swap:
         for d in parts:
-            d.samples = [replace(s, hw=swap[k]) if (k := (s.hardware, s.protocol, s.hw)) in swap else s
+            d.samples = [replace(s, hw=swap[k]) if (k := (s.hardware, s.protocol, node(s), s.hw)) in swap else s
                          for s in d.samples]
     return pooled

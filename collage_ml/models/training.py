@@ -31,13 +31,13 @@ def database_path(db: Any) -> Path:
     return Path(db)
 
 
-def load_dataset(db: Any, hardware: str | None = None, progress: bool = False, pool: bool = False):
+def load_dataset(db: Any, hardware: str | None = None, progress: bool = False, pool: bool | str = False):
     """The valid rows of ``db`` (a path, an open Database, None for the per-user one, or a list of those:
     their rows together) as a Dataset.
 
     With ``pool``, each machine's samples in a list get one probe table, the median of its databases'
-    calibrations (:func:`~collage_ml.models.dataset.pool_probes`); ``Dataset.pooled`` says which machines had
-    several."""
+    calibrations (:func:`~collage_ml.models.dataset.pool_probes`; ``pool="node"``: each instance of a machine
+    apart); ``Dataset.pooled`` says which machines had several."""
     from collage_ml.db import Database
     from collage_ml.models.dataset import Dataset, pool_probes
 
@@ -45,7 +45,7 @@ def load_dataset(db: Any, hardware: str | None = None, progress: bool = False, p
         if not db:
             raise CollageError("no measurement database given")
         parts = [load_dataset(d, hardware, progress) for d in db]
-        pooled = pool_probes(parts) if pool else {}
+        pooled = pool_probes(parts, "machine" if pool is True else pool) if pool else {}
         out = parts[0]
         for part in parts[1:]:
             out = out + part
@@ -119,7 +119,7 @@ def train(
     *,
     hardware: str | None = None,
     progress: bool = PROGRESS,
-    pool_probes: bool = False,
+    pool_probes: bool | str = False,
 ):
     """Fits a cost model; returns it, with ``model.training`` holding the summary (see :func:`collage_ml.train`)."""
     from collage_ml.models.base import CostModel

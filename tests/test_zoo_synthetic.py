@@ -15,7 +15,7 @@ from collage_ml.featurize.info import subgraph_info
 from collage_ml.featurize.roofline import constant_nodes
 from collage_ml.featurize.schema import OPS
 from collage_ml.ir import import_model, zoo
-from collage_ml.ir.zoo import synthetic, synthetic_v2, synthetic_v3
+from collage_ml.ir.zoo import synthetic, synthetic_v2, synthetic_v3, synthetic_v4
 
 
 def test_naming_a_synthetic_network_leaves_the_callers_rng_alone():
@@ -75,6 +75,7 @@ def test_synthetic_names_resolve_in_collect_and_stay_out_of_the_zoo_listing():
     (range(60), "a57aeff5d75d8930", "synthetic-1", 18, "de51f00a528cf6a97f134eded45b83eba84cea30"),
     (range(1000, 1030), "2a126f5c0cce51dd", "synthetic-1000", 54, "018e3296c416571ff55224f2b7e1b7b9085bacfc"),
     (range(2000, 2030), "8fbdfc89a2cd211b", "synthetic-2000", 43, "c164dd8ad2b97b313d5e1932dfc80bd4e10a9e85"),
+    (range(3000, 3030), "1d547cacfc233f4c", "synthetic-3001", 54, "4dd04a8ac2740273ee1fd4f2cf782931ee2f8904"),
 ])
 def test_every_vocabulary_is_frozen(seeds, digest, name, nodes, graph_hash):
     """Datasets name synthetic networks by seed (synthetic:60, synthetic:1000-1030 and synthetic:2000-2030 on
@@ -148,3 +149,28 @@ def test_the_third_vocabulary_draws_recurrent_cells_from_learned_states():
     ref = g.reference()
     assert all(np.isfinite(ref[t]).all() and ref[t].shape[0] == 2 for t in g.output_names)
     assert not _constant_ops(import_model("synthetic-1"))["Gemm"]  # the first vocabulary has none
+
+
+def test_the_fourth_vocabulary_draws_post_norm_encoders_whose_layernorms_carry_the_residual_stream():
+    """Seeds from 3000 on: transformer encoders, post-norm in most (``LayerNorm(x + sublayer(x))``: the
+    LayerNorm's output feeds the next residual Add), pre-norm in some (the residual stream bypasses it)."""
+    assert synthetic_v4.FIRST_SEED == 3000
+    texts = [zoo.get(f"synthetic-{i}").description for i in range(3000, 3030)]
+    for kind in ("post-norm", "pre-norm", "gelu,", "gelu-tanh", "relu", "qkv fused", "qkv separate", "no bias"):
+        assert sum(kind in t for t in texts) >= 2, kind
+    widths = {int(t.split("x")[1].split(",")[0]) for t in texts}
+    assert len(widths) >= 8 and min(widths) < 64 and max(widths) >= 512, widths
+
+    def norms(g) -> tuple[int, int]:
+        """(LayerNorms that read an Add, LayerNorms whose output an Add reads)"""
+        made_by = {o: n.op_type for n in g.nodes for o in n.outputs}
+        ln_out = {n.outputs[0] for n in g.nodes if n.op_type == "LayerNormalization"}
+        after_add = sum(n.op_type == "LayerNormalization" and made_by.get(n.inputs[0]) == "Add" for n in g.nodes)
+        into_add = sum(n.op_type == "Add" and any(i in ln_out for i in n.inputs) for n in g.nodes)
+        return after_add, into_add
+
+    post = import_model("synthetic-3001", batch=2)  # post-norm, 2 layers: four Add + LayerNorm
+    assert norms(post) == (4, 3)  # the last LayerNorm feeds the head, not a residual
+    ref = post.reference()
+    assert all(np.isfinite(ref[t]).all() and ref[t].shape[0] == 2 for t in post.output_names)
+    assert norms(import_model("synthetic-3000"))[1] == 0  # pre-norm: no residual Add reads a LayerNorm

@@ -300,8 +300,11 @@ def pool_probes(parts: Sequence[Dataset], by: str = "machine") -> dict[str, int]
 
     ``by="node"`` pools each instance of the machine apart (the row's ``node``: a VM's boot; rows that did not
     record one form one group): the sittings of one VM share a table, and two VMs of one fingerprint keep
-    their own. On the Zen 3 at 2 threads the zoo's database came from one VM and three synthetic ones from
-    another, and one table for all of them read neither (docs/results/cost-models.md).
+    their own. On the Zen 3 at 2 threads the zoo's database came from one VM and four synthetic ones from
+    another; one table per VM there cost leave-one-family-out 4-5 points of MAPE against each sitting's own
+    (docs/results/cost-models.md, "Sequence and volume networks at batch 1 on the Zen 3"): that VM's
+    calibrations followed a drift its labels shared. It is for fleets whose VMs differ more than their
+    sittings do.
 
     A database made before calibrations were kept per sitting (2026-12-05) holds one, taken when its machine
     was first seen, and that table stands for every row collected into it, hours or days later. On the Xeon

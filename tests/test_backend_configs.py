@@ -63,7 +63,7 @@ def _ov():
 # -- names ---------------------------------------------------------------------------------------
 def test_plain_names_and_versions_are_unchanged():
     ort = get_backend("onnxruntime")
-    assert ort.name == "onnxruntime" and ort.options() == {"spin": "off", "opt": "all", "pool": "own"}
+    assert ort.name == "onnxruntime" and ort.options() == {"spin": "off", "opt": "all", "pool": "own", "skipln": "on"}
     assert ort.version.endswith("+spin0-all") and ort.spec()[2] == {"spin": False, "opt_level": "all"}
     ov = get_backend("openvino")
     assert ov.name == "openvino" and ov.spec()[2] == {"hint": "LATENCY", "streams": 1}
@@ -71,6 +71,7 @@ def test_plain_names_and_versions_are_unchanged():
         assert ov.version.endswith("+latency-s1-zc2")
     # spelling out the defaults is the plain backend: same name, same rows
     assert get_backend("onnxruntime[spin=off,opt=all,pool=own]") is ort
+    assert get_backend("onnxruntime[skipln=on]") is ort
     assert get_backend("openvino[hint=latency,streams=1,pin=on]") is ov
 
 
@@ -85,6 +86,8 @@ def test_plain_names_and_versions_are_unchanged():
         ("onnxruntime[spin=on,opt=basic]", "onnxruntime[opt=basic,spin=on]"),
         ("onnxruntime[spin=on,pool=shared]", "onnxruntime[pool=shared,spin=on]"),
         ("onnxruntime[opt=all,spin=on]", "onnxruntime[spin=on]"),
+        ("onnxruntime[skipln=OFF]", "onnxruntime[skipln=off]"),
+        ("onnxruntime[skipln=0,spin=on]", "onnxruntime[skipln=off,spin=on]"),
         ("openvino[streams=02]", "openvino[streams=2]"),
         ("openvino[pin=false,hint=THROUGHPUT,streams=auto]", "openvino[hint=throughput,pin=off,streams=auto]"),
     ],
@@ -100,7 +103,8 @@ def test_canonical_names(written, canonical):
 
 def test_versions_include_the_configuration():
     names = ["onnxruntime", "onnxruntime[spin=on]", "onnxruntime[opt=basic]", "onnxruntime[opt=extended]",
-             "onnxruntime[opt=none]", "onnxruntime[pool=shared,spin=on]"]
+             "onnxruntime[opt=none]", "onnxruntime[pool=shared,spin=on]", "onnxruntime[skipln=off]",
+             "onnxruntime[skipln=off,spin=on]"]
     versions = [get_backend(n).version for n in names]
     assert len(set(versions)) == len(names), versions
     if get_backend("openvino").available():
@@ -113,9 +117,10 @@ def test_versions_include_the_configuration():
 @pytest.mark.parametrize(
     "name, match",
     [
-        ("onnxruntime[threads=4]", r"no option 'threads'.*onnxruntime\[opt=all\|extended\|basic\|none, pool=own\|shared, spin=off\|on\]"),
+        ("onnxruntime[threads=4]", r"no option 'threads'.*onnxruntime\[opt=all\|extended\|basic\|none, pool=own\|shared, skipln=on\|off, spin=off\|on\]"),
         ("onnxruntime[spin=fast]", r"spin=fast is not in the declared grid onnxruntime\[opt=all"),
         ("onnxruntime[opt=layout]", r"opt=layout is not in the declared grid"),
+        ("onnxruntime[skipln=fused]", r"skipln=fused is not in the declared grid"),
         ("openvino[streams=3]", r"streams=3 is not in the declared grid openvino\[hint=latency\|throughput, pin=on\|off, streams=1\|2\|auto\]"),
         ("onnxruntime[pool=shared]", r"needs spin=on.*onnxruntime\[pool=shared,spin=on\]"),
         ("onnxruntime[spin=on,spin=off]", "given twice"),
@@ -192,7 +197,8 @@ def test_runner_measures_configurations_into_distinct_rows(tmp_path):
 
 
 # -- numerics and round trips ------------------------------------------------------------------------
-ORT_CONFIGS = ["onnxruntime[spin=on]", "onnxruntime[opt=basic]", "onnxruntime[opt=extended]", "onnxruntime[opt=none]"]
+ORT_CONFIGS = ["onnxruntime[spin=on]", "onnxruntime[opt=basic]", "onnxruntime[opt=extended]", "onnxruntime[opt=none]",
+               "onnxruntime[skipln=off]"]
 OV_CONFIGS = ["openvino[streams=2]", "openvino[pin=off]", "openvino[hint=throughput,streams=auto]"]
 
 
@@ -229,6 +235,44 @@ def test_ort_configuration_reaches_the_session():
     assert plain.graph_optimization_level == ort.GraphOptimizationLevel.ORT_ENABLE_ALL
 
 
+def _add_layernorm_model(shape=(2, 8, 32)):
+    """x + y, then LayerNormalization over the last axis: the pattern ORT fuses to SkipLayerNormalization."""
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+
+    d = shape[-1]
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(rng.standard_normal(d).astype(np.float32), "gamma"),
+             numpy_helper.from_array(rng.standard_normal(d).astype(np.float32), "beta")]
+    nodes = [helper.make_node("Add", ["x", "y"], ["s"]),
+             helper.make_node("LayerNormalization", ["s", "gamma", "beta"], ["out"], axis=-1, epsilon=1e-5)]
+    ins = [helper.make_tensor_value_info(n, TensorProto.FLOAT, list(shape)) for n in ("x", "y")]
+    outs = [helper.make_tensor_value_info("out", TensorProto.FLOAT, list(shape))]
+    graph = helper.make_graph(nodes, "addln", ins, outs, inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_skipln_off_keeps_add_and_layernorm_unfused(tmp_path):
+    """skipln=off reaches onnxruntime: the optimised graph keeps Add + LayerNormalization, the default
+    fuses them to SkipLayerNormalization; both agree with the reference."""
+    import onnx
+
+    from collage_ml.backends.onnxruntime_backend import make_session
+
+    model = _add_layernorm_model()
+    ops = {}
+    for skipln in ("on", "off"):
+        path = str(tmp_path / f"opt-{skipln}.onnx")
+        make_session(model.SerializeToString(), 1, False, "all", skipln=skipln, optimized_path=path)
+        ops[skipln] = sorted(n.op_type for n in onnx.load(path).graph.node)
+    assert ops["on"] == ["SkipLayerNormalization"], ops
+    assert ops["off"] == ["Add", "LayerNormalization"], ops
+    g = from_onnx(model)
+    ref = g.reference()
+    for name in ("onnxruntime", "onnxruntime[skipln=off]"):
+        assert_compiled_matches_reference(get_backend(name), g, ref, g.all_mask, 2, name)
+
+
 def test_ov_configuration_reaches_the_compiled_model():
     _ov()
     g = from_onnx(chain_model())
@@ -245,6 +289,7 @@ def test_ov_configuration_reaches_the_compiled_model():
 
 
 @pytest.mark.parametrize("name", ["onnxruntime[opt=basic,spin=on]", "onnxruntime[pool=shared,spin=on]",
+                                  "onnxruntime[skipln=off]",
                                   "openvino[hint=throughput,pin=off,streams=auto]", "openvino[streams=2]"])
 def test_spec_round_trip(name):
     if name.startswith("openvino"):

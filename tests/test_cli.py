@@ -77,5 +77,5 @@ def test_console_script_no_traceback(tmp_path):
 def test_backends_lists_configuration_grids(capsys):
     assert main(["backends"]) == 0
     out = capsys.readouterr().out
-    assert "onnxruntime[opt=all|extended|basic|none, pool=own|shared, spin=off|on]" in out
+    assert "onnxruntime[opt=all|extended|basic|none, pool=own|shared, skipln=on|off, spin=off|on]" in out
     assert "openvino[" in out and "streams=" in out

@@ -4,13 +4,14 @@ A backend is an implementation plus a configuration, named
 ``base[key=value,...]`` (:func:`collage_ml.backends.base.parse_backend_name`).
 Each backend class declares its grid in ``CONFIGS``; the all-defaults
 configuration keeps the plain name (``onnxruntime`` is
-``onnxruntime[opt=all,pool=own,spin=off]``), so its measurements stay valid.
+``onnxruntime[opt=all,pool=own,skipln=on,spin=off]``), so its measurements stay valid.
 A configured name and its version go into the measurement key, so each
 configuration has its own rows.
 
 :data:`NAMED` is the short list worth measuring on a small CPU (2 cores):
 the knobs that moved whole-model latency there (spinning, graph
-optimisation/layout, OpenVINO streams and pinning). ``openvino[hint=throughput]``
+optimisation/layout, the residual Add + LayerNorm fusion, OpenVINO streams and
+pinning). ``openvino[hint=throughput]``
 is in the grid but not in the list: with one stream (the default) it changes
 nothing, and with ``streams=auto`` it picks 2 streams on 2 cores, which is
 ``openvino[streams=2]``.
@@ -37,6 +38,7 @@ NAMED: dict[str, tuple[str, ...]] = {
         "onnxruntime[spin=on]",  # workers spin before sleeping: faster back-to-back calls, costs idle CPU
         "onnxruntime[opt=extended]",  # no NCHWc layout transform (convolutions stay NCHW)
         "onnxruntime[opt=basic]",  # no fusions (Conv+Relu, Gelu, LayerNorm, attention ...)
+        "onnxruntime[skipln=off]",  # every fusion but Add + LayerNorm -> SkipLayerNormalization (slow on the Zen 3)
     ),
     "openvino": (
         "openvino",

@@ -133,6 +133,7 @@ class OrtProviderBackend(OnnxRuntimeBackend):
             sess = make_session(
                 sg.to_onnx().SerializeToString(), threads, self.spin, self.opt_level,
                 providers=[self.provider, "CPUExecutionProvider"], pool=getattr(self, "pool", "own"),
+                skipln=getattr(self, "skipln", "on"),
             )
         except Exception as e:
             raise BackendError(f"{self.name} could not compile {sg}: {first_line(e)}") from None

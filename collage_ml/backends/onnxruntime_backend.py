@@ -8,7 +8,7 @@ gives the single-session configuration ORT uses by default.
 
 Configurations (:attr:`OnnxRuntimeBackend.CONFIGS`, defaults first)::
 
-    onnxruntime[spin=off|on, opt=all|extended|basic|none, pool=own|shared]
+    onnxruntime[spin=off|on, opt=all|extended|basic|none, pool=own|shared, skipln=on|off]
 
 - ``spin``: whether the intra-op pool's idle workers spin before sleeping
   (``session.intra_op.allow_spinning`` / ``inter_op``).
@@ -24,6 +24,13 @@ Configurations (:attr:`OnnxRuntimeBackend.CONFIGS`, defaults first)::
   ``SessionOptions.use_per_session_threads = False``), so the partitions of a
   placed model (whatever their ``opt``) share ``threads`` threads instead of
   owning ``threads - 1`` workers each.
+- ``skipln``: ``off`` turns ORT's ``SkipLayerNormFusion`` off (``disabled_optimizers``),
+  so a residual ``Add`` followed by ``LayerNormalization`` runs as those two
+  kernels instead of the fused ``com.microsoft.SkipLayerNormalization``. On
+  the Zen 3 (AMD EPYC family 25 model 1, AVX2) the fused kernel of
+  onnxruntime 1.32 ran 1.2x to 7.2x slower than the two it replaces
+  (benchmarks/skip_layernorm.py, docs/results/placement.md, "Add +
+  LayerNorm"). Other fusions stay on.
 
 The rules of the global pool, as onnxruntime 1.32's Python API has them
 (tests/test_backend_configs.py checks each one):
@@ -80,8 +87,26 @@ class OrtExecutable(Executable):
 #: ORT_ENABLE_LAYOUT is left out: in 1.32 it optimises exactly as ORT_ENABLE_ALL on the CPU provider
 OPT_LEVELS = ("all", "extended", "basic", "none")
 
+#: the optimizers each ``skipln`` value turns off (``InferenceSession(disabled_optimizers=...)``)
+SKIPLN_DISABLED = {"on": (), "off": ("SkipLayerNormFusion",)}
+
+
+def session_level(opt_level: str):
+    """onnxruntime's GraphOptimizationLevel for one of :data:`OPT_LEVELS`."""
+    import onnxruntime as ort
+
+    return {
+        "none": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
+        "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+        "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
+        "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
+    }[opt_level]
+
+
 def make_session(model_bytes: bytes, threads: int, spin: bool, opt_level: str = "all", providers=None,
-                 pool: str = "own"):
+                 pool: str = "own", skipln: str = "on", optimized_path: str | None = None):
+    """An InferenceSession with this project's options. ``optimized_path``, when given, is where
+    onnxruntime writes the graph it optimised (for tests and for looking at what a configuration runs)."""
     import onnxruntime as ort
 
     if pool == "shared":
@@ -100,14 +125,12 @@ def make_session(model_bytes: bytes, threads: int, spin: bool, opt_level: str = 
         so.add_session_config_entry("session.intra_op.allow_spinning", "1" if spin else "0")
         so.add_session_config_entry("session.inter_op.allow_spinning", "1" if spin else "0")
     so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-    so.graph_optimization_level = {
-        "none": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
-        "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
-        "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
-        "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
-    }[opt_level]
+    so.graph_optimization_level = session_level(opt_level)
+    if optimized_path is not None:
+        so.optimized_model_filepath = optimized_path
     so.log_severity_level = 3
-    return ort.InferenceSession(model_bytes, so, providers=providers or ["CPUExecutionProvider"])
+    return ort.InferenceSession(model_bytes, so, providers=providers or ["CPUExecutionProvider"],
+                                disabled_optimizers=list(SKIPLN_DISABLED[skipln]))
 
 
 def check_pool_compatible(backends: Sequence[Backend]) -> None:
@@ -131,19 +154,24 @@ class OnnxRuntimeBackend(Backend):
         "spin": ("off", "on"),
         "opt": OPT_LEVELS,
         "pool": ("own", "shared"),
+        "skipln": ("on", "off"),
     }
 
-    def __init__(self, spin: bool = False, opt_level: str = "all", pool: str = "own"):
-        # pool goes into the config only when it is not the default, so subclasses whose
-        # constructors predate it (and specs stored in old plans) still rebuild
+    def __init__(self, spin: bool = False, opt_level: str = "all", pool: str = "own", skipln: str = "on"):
+        # pool and skipln go into the config only when they are not the default, so subclasses whose
+        # constructors predate them (and specs stored in old plans) still rebuild
         cfg: dict = {"spin": spin, "opt_level": opt_level}
         if pool != "own":
             cfg["pool"] = pool
+        if skipln != "on":
+            cfg["skipln"] = skipln
         super().__init__(**cfg)
         if opt_level not in OPT_LEVELS:
             raise BackendError(f"onnxruntime: opt={opt_level} is not one of {'|'.join(OPT_LEVELS)}")
         if pool not in self.CONFIGS["pool"]:
             raise BackendError(f"onnxruntime: pool={pool} is not one of own|shared")
+        if skipln not in SKIPLN_DISABLED:
+            raise BackendError(f"onnxruntime: skipln={skipln} is not one of on|off")
         if pool == "shared" and not spin:
             raise BackendError(
                 "onnxruntime[pool=shared] needs spin=on: onnxruntime's global pool always spins (its Python API "
@@ -152,17 +180,19 @@ class OnnxRuntimeBackend(Backend):
         self.spin = bool(spin)
         self.opt_level = opt_level
         self.pool = pool
+        self.skipln = skipln
         cname = configured_name(type(self).name, self.CONFIGS, self.options())
         if cname != type(self).name:  # the all-defaults configuration keeps the class's name
             self.name = cname
         self._patterns = (RegionPattern("onnxruntime-region", max_size=16),)
 
     def options(self) -> dict[str, str]:
-        return {"spin": "on" if self.spin else "off", "opt": self.opt_level, "pool": self.pool}
+        return {"spin": "on" if self.spin else "off", "opt": self.opt_level, "pool": self.pool, "skipln": self.skipln}
 
     @classmethod
     def from_options(cls, options: dict[str, str]) -> "OnnxRuntimeBackend":
-        return cls(spin=options["spin"] == "on", opt_level=options["opt"], pool=options["pool"])
+        return cls(spin=options["spin"] == "on", opt_level=options["opt"], pool=options["pool"],
+                   skipln=options["skipln"])
 
     @property
     def process_group(self) -> str | None:
@@ -180,7 +210,9 @@ class OnnxRuntimeBackend(Backend):
         import onnxruntime as ort
 
         v = f"{ort.__version__}+spin{int(self.spin)}-{self.opt_level}"
-        return v + "-poolshared" if self.pool == "shared" else v
+        if self.pool == "shared":
+            v += "-poolshared"
+        return v + "-noskipln" if self.skipln == "off" else v
 
     @property
     def patterns(self):
@@ -200,21 +232,17 @@ class OnnxRuntimeBackend(Backend):
         so.intra_op_num_threads = 1
         so.inter_op_num_threads = 1
         so.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        so.graph_optimization_level = {
-            "none": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
-            "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
-            "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
-            "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
-        }[self.opt_level]
+        so.graph_optimization_level = session_level(self.opt_level)
         so.log_severity_level = 3
         fit_session_options(so)
-        return ort.InferenceSession(sg.to_onnx().SerializeToString(), so, providers=["CPUExecutionProvider"])
+        return ort.InferenceSession(sg.to_onnx().SerializeToString(), so, providers=["CPUExecutionProvider"],
+                                    disabled_optimizers=list(SKIPLN_DISABLED[self.skipln]))
 
     def compile(self, sg: SubGraph, threads: int = 1) -> Executable:
         self.require()
         model = sg.to_onnx().SerializeToString()
         try:
-            sess = make_session(model, threads, self.spin, self.opt_level, pool=self.pool)
+            sess = make_session(model, threads, self.spin, self.opt_level, pool=self.pool, skipln=self.skipln)
         except BackendError:
             raise
         except Exception as e:

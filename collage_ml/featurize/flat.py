@@ -61,6 +61,8 @@ SUBGRAPH_FEATURES: tuple[str, ...] = (
     "log_max_node_flops",
     "max_node_flops_share",
     "log_flops_per_node",
+    "n_residual_add_ln",
+    "log_residual_add_ln_bytes",
 )
 HW_PROBE_FEATURES: tuple[str, ...] = (
     "hw_log_overhead", *(f"hw_log_rate_{c}" for c in roofline.CLASSES),
@@ -88,6 +90,24 @@ N_FEATURES = len(FEATURES)
 _N_SUB = len(SUBGRAPH_FEATURES)
 
 _CACHE = _LRU(100_000)
+_LN = OP_INDEX["LayerNormalization"]
+_ADD = OP_INDEX["Add"]
+
+
+def residual_add_ln(info: SubgraphInfo) -> tuple[int, float]:
+    """(count, bytes written) of the LayerNormalization nodes fed by a residual Add inside the subgraph: an Add
+    of two activations (no constant input). ONNX Runtime fuses that pair into SkipLayerNormalization, whose
+    kernel ran 1.2-7.2x slower than the pair on the Zen 3 (docs/results/placement.md); an Add of a constant
+    (a bias) is not the residual and is not fused in that position, nor is an Add whose sum leaves the
+    subgraph."""
+    if info.n_edges == 0:
+        return 0, 0.0
+    ops, weight = info.ops, info.node_values[:, 11]
+    src, dst = info.edges
+    # onnxruntime 1.32 leaves the pair alone when the sum is also an output of the graph
+    hit = (ops[dst] == _LN) & (ops[src] == _ADD) & (weight[src] == 0) & ~info.is_output[src]
+    lns = np.unique(dst[hit])
+    return int(len(lns)), float(info.node_values[lns, 2].sum())
 
 
 def _l(x: float) -> float:
@@ -117,6 +137,7 @@ def _compute(info: SubgraphInfo) -> np.ndarray:
     if conv.any():
         # depthwise: groups equal to output channels, i.e. weight [C, 1, k...]; a large group count is the tell
         depthwise = float((v[conv, 7] > 1).any() and conv_groups >= 16)
+    n_res_ln, res_ln_bytes = residual_add_ln(info)
     out = np.empty(_N_SUB, dtype=np.float64)
     out[:N_OPS] = hist
     out[N_OPS:] = (
@@ -148,6 +169,8 @@ def _compute(info: SubgraphInfo) -> np.ndarray:
         _l(max_node),
         max_node / total_flops if total_flops > 0 else 0.0,
         _l(total_flops / max(info.n_nodes, 1)),
+        float(n_res_ln),
+        _l(res_ln_bytes),
     )
     out.flags.writeable = False
     return out

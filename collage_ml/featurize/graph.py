@@ -48,7 +48,8 @@ COUNT_COLUMNS = np.array(
     [
         i
         for i, c in enumerate(SUBGRAPH_FEATURES)
-        if c.startswith("op:") or c in ("n_inputs", "n_outputs", "n_nodes", "n_edges", "depth", "conv_max_kernel")
+        if c.startswith("op:") or c in ("n_inputs", "n_outputs", "n_nodes", "n_edges", "depth", "conv_max_kernel",
+                                        "n_residual_add_ln")
     ],
     dtype=np.int64,
 )

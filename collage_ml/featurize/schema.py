@@ -12,14 +12,17 @@ moved into :mod:`~collage_ml.featurize.graph`, so the featurizer the tests
 check is the one the model reads; 3 (2026-12-03), the hardware columns gained
 each probe quantity relative to the machine's other probed backends
 (``roofline.relative_features``); 4 (2026-12-04), the roofline estimate gives a node that reads only
-constants no compute (``roofline.constant_nodes``), as the backends that fold constants do.
+constants no compute (``roofline.constant_nodes``), as the backends that fold constants do; 5
+(2026-12-07), the subgraph columns gained ``n_residual_add_ln`` and ``log_residual_add_ln_bytes``
+(``flat.residual_add_ln``): the residual Add + LayerNorm pairs that ONNX Runtime fuses into a kernel of its
+own, which decided the backend on such regions on the Zen 3.
 """
 
 from __future__ import annotations
 
 from collage_ml.errors import CollageError
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 
 #: op types with their own histogram column / node one-hot slot; everything else counts as "other"
 OPS: tuple[str, ...] = tuple(

@@ -220,6 +220,7 @@ def _cmd_db(args) -> int:
 
 def _cmd_place(args) -> int:
     from rich.console import Console
+    from rich.markup import escape
 
     from collage_ml import api
     from collage_ml.search.evolutionary import EvoConfig
@@ -228,7 +229,7 @@ def _cmd_place(args) -> int:
     pm = api.place(
         args.model, backends=args.backends, mode=args.mode, db=args.db, batch=args.batch,
         input_shapes=dict(args.input_shape) or None, max_region_size=args.max_region_size, threads=args.threads,
-        progress=not args.no_progress, log=lambda s: console.print(f"[dim]{s}[/]"),
+        progress=not args.no_progress, log=lambda s: console.print(f"[dim]{escape(s)}[/]"),
         graph_level=not args.no_graph_level, evo_config=EvoConfig(generations=args.generations),
         stale_after_hours=args.stale_after, in_context=not args.no_in_context,
         **({"cost_model": args.cost_model, "measure_budget": args.measure_budget} if args.mode == "guided" else {}),

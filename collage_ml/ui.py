@@ -167,13 +167,14 @@ def _rich_progress(stderr: bool, rate: bool, eta: bool, transient: bool):
                 return Text("-- /min", style="progress.data.speed")
             return Text(f"{task.completed / task.elapsed * 60:.1f}/min", style="progress.data.speed")
 
-    cols: list = [TextColumn("[bold]{task.description}" if rate else "{task.description}"), BarColumn(),
+    # plain text (markup=False): a configured backend's name (onnxruntime[spin=on]) reads as a style tag to rich
+    cols: list = [TextColumn("{task.description}", style="bold" if rate else "none", markup=False), BarColumn(),
                   MofNCompleteColumn()]
     if rate:
         cols += [RateColumn(), TimeElapsedColumn()]
     if eta:
         cols += ([TextColumn("ETA")] if rate else []) + [TimeRemainingColumn()]
-    cols.append(TextColumn("{task.fields[extra]}"))
+    cols.append(TextColumn("{task.fields[extra]}", markup=False))
     kw = {"console": Console(stderr=True)} if stderr else {}
     # drawn by Bar when it changes, never by a refresh thread: on a 2-core machine a bar redrawn 10 times a
     # second while a worker times a kernel is contention, and it turned a guided ResNet-50 placement that
@@ -184,15 +185,17 @@ def _rich_progress(stderr: bool, rate: bool, eta: bool, transient: bool):
 def table(title: str, columns: Sequence[str], rows: Iterable[Sequence[object]] = (), *,
           right: Iterable[str] = (), caption: str | None = None):
     """A rich Table: ``columns`` (those in ``right`` right-justified), one row per item of ``rows``
-    (None shows as an empty cell)."""
+    (None shows as an empty cell). Every string is shown as written (no rich markup)."""
+    from rich.markup import escape
     from rich.table import Table
 
     right = set(right)
-    t = Table(title=title, caption=caption)
+    # text, never markup: a configured backend's name (onnxruntime[spin=on]) reads as a style tag to rich
+    t = Table(title=escape(title), caption=None if caption is None else escape(caption))
     for c in columns:
-        t.add_column(c, justify="right" if c in right else "left")
+        t.add_column(escape(c), justify="right" if c in right else "left")
     for r in rows:
-        t.add_row(*("" if v is None else str(v) for v in r))
+        t.add_row(*("" if v is None else escape(str(v)) for v in r))
     return t
 
 

@@ -216,16 +216,18 @@ class PlanView:
 
     def table(self):
         """A rich Table: each partition's backend, ops, measured latency and incoming hand-offs."""
+        from rich.markup import escape
         from rich.table import Table
 
-        t = Table(title=self.title(), caption=self._caption())
+        # backend names carry brackets (onnxruntime[spin=on]), which rich would read as markup
+        t = Table(title=escape(self.title()), caption=escape(self._caption()))
         for col, just in (("#", "right"), ("backend", "left"), ("nodes", "right"), ("ops", "left"),
                           ("measured", "right"), ("hand-offs in", "right"), ("hand-off cost", "right")):
             t.add_column(col, justify=just)
         for p in self.partitions:
             src = " (db)" if p.latency_from == "database" else ""
             hin = f"{len(p.handoffs_in)} ({_size(sum(h.nbytes for h in p.handoffs_in))})" if p.handoffs_in else "-"
-            t.add_row(f"P{p.index}", p.backend, str(len(p.nodes)), _ops(p.ops), _ms(p.measured_ms) + src, hin,
+            t.add_row(f"P{p.index}", escape(p.backend), str(len(p.nodes)), escape(_ops(p.ops)), _ms(p.measured_ms) + src, hin,
                       _ms(p.handoff_ms))
         return t
 

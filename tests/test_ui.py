@@ -48,3 +48,23 @@ def test_a_burst_of_steps_is_drawn_once_and_its_end_is_drawn():
         time.sleep(3 * Bar.MIN_REDRAW_SECONDS)
         assert 1 <= len(drawn) <= 3  # not 2000 draws
         assert drawn[-1] == 2000  # the burst's end is on screen, not its first step
+
+
+def test_bracketed_backend_names_are_shown_as_written():
+    """A configured backend's name (onnxruntime[skipln=off]) is text, not rich markup, in tables and bars."""
+    from rich.console import Console
+
+    from collage_ml.ui import table
+
+    name = "onnxruntime[skipln=off]"
+    con = Console(record=True, width=200)
+    con.print(table(f"plans on {name}", ["plan", name], [(f"all on {name}", "1.0"), ("[bold]x[/]", None)]))
+    text = con.export_text()
+    assert text.count(name) == 3 and "[bold]x[/]" in text
+    with Bar(True, rate=True) as bar:
+        bar.task(f"measuring {name}", 2)
+        bar.step(name, valid=False)
+        con = Console(record=True, width=200)
+        con.print(bar._p.make_tasks_table(bar._p.tasks))
+        text = con.export_text()
+    assert f"measuring {name}" in text and f"invalid: {name} 1" in text

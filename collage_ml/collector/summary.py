@@ -132,10 +132,11 @@ class CollectSummary:
 
 def summary_table(s: CollectSummary):
     """A rich Table of a summary: per backend, the candidates, cache hits, measured, valid and invalid."""
+    from rich.markup import escape
     from rich.table import Table
 
     title = f"collage-ml collect ({s.sampler}{', shard ' + s.shard if s.shard else ''}): {s.stopped}"
-    t = Table(title=title)
+    t = Table(title=escape(title))
     cols = (("backend", None), ("cands", "candidates"), ("subsmp", "subsampled"), ("cached", "cache_hits"),
             ("to do", "planned"), ("measured", "measured"), ("valid", "valid"), ("invalid", "invalid"))
     for head, _ in cols:
@@ -145,7 +146,7 @@ def summary_table(s: CollectSummary):
             t.add_column(head, justify="right")
     keys = [k for _, k in cols[1:]]
     for b, c in s.by_backend.items():
-        t.add_row(b, *(str(c.get(k, 0)) for k in keys))
+        t.add_row(escape(b), *(str(c.get(k, 0)) for k in keys))  # onnxruntime[spin=on] is not markup
     tot = {k: sum(c.get(k, 0) for c in s.by_backend.values()) for k in keys}
     t.add_row("[bold]total[/]", *(f"[bold]{tot[k]}[/]" for k in keys))
     caption = (

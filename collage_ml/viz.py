@@ -227,8 +227,8 @@ class PlanView:
         for p in self.partitions:
             src = " (db)" if p.latency_from == "database" else ""
             hin = f"{len(p.handoffs_in)} ({_size(sum(h.nbytes for h in p.handoffs_in))})" if p.handoffs_in else "-"
-            t.add_row(f"P{p.index}", escape(p.backend), str(len(p.nodes)), escape(_ops(p.ops)), _ms(p.measured_ms) + src, hin,
-                      _ms(p.handoff_ms))
+            t.add_row(f"P{p.index}", escape(p.backend), str(len(p.nodes)), escape(_ops(p.ops)),
+                      _ms(p.measured_ms) + src, hin, _ms(p.handoff_ms))
         return t
 
     def _caption(self) -> str:

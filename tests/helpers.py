@@ -75,3 +75,30 @@ def assert_compiled_matches_reference(backend, graph, ref, mask: int, threads: i
     outs = [to_numpy(o) for o in exe(*[feeds[n] for n in exe.input_names])]
     cmp = compare(outs, expected, list(exe.output_names))
     assert cmp.ok, f"{label} {sg}: {cmp.detail}"
+
+
+def residual_layernorm_model(variant: str = "residual", d: int = 64) -> onnx.ModelProto:
+    """Add(s) then LayerNormalization over [2, 8, d], the pattern ONNX Runtime fuses to SkipLayerNormalization.
+
+    ``variant``: ``residual`` (x + y, fused), ``bias-first`` ((x + b) + y, fused with the bias),
+    ``bias-last`` ((x + y) + b, the Add before LN adds a constant: not fused), ``sum-out`` (x + y, the sum
+    also an output of the graph: not fused).
+    """
+    rng = np.random.default_rng(0)
+    names = ("gamma", "beta", "b") if variant.startswith("bias") else ("gamma", "beta")
+    inits = [numpy_helper.from_array(rng.standard_normal(d).astype(np.float32), n) for n in names]
+    outs, nodes = ["out"], []
+    if variant in ("residual", "sum-out"):
+        nodes.append(helper.make_node("Add", ["x", "y"], ["s"]))
+    elif variant == "bias-first":
+        nodes += [helper.make_node("Add", ["x", "b"], ["xb"]), helper.make_node("Add", ["xb", "y"], ["s"])]
+    elif variant == "bias-last":
+        nodes += [helper.make_node("Add", ["x", "y"], ["xy"]), helper.make_node("Add", ["xy", "b"], ["s"])]
+    else:
+        raise ValueError(f"unknown variant {variant!r}")
+    if variant == "sum-out":
+        outs.append("s")
+    nodes.append(helper.make_node("LayerNormalization", ["s", "gamma", "beta"], ["out"], axis=-1, epsilon=1e-5))
+    vi = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [2, 8, d]) for n in ("x", "y", *outs)]
+    graph = helper.make_graph(nodes, variant, vi[:2], vi[2:], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])

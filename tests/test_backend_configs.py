@@ -37,7 +37,7 @@ from collage_ml.measure.runner import Runner
 from collage_ml.measure.tasks import Task, build_backend, execute
 from collage_ml.measure.timing import TimingConfig, compare
 from collage_ml.plan import Plan
-from tests.helpers import assert_compiled_matches_reference, chain_model
+from tests.helpers import assert_compiled_matches_reference, chain_model, residual_layernorm_model
 
 ROOT = Path(__file__).resolve().parents[1]
 # one process per candidate: these tests are about placement and storage, not the protocol (test_protocol.py)
@@ -235,23 +235,6 @@ def test_ort_configuration_reaches_the_session():
     assert plain.graph_optimization_level == ort.GraphOptimizationLevel.ORT_ENABLE_ALL
 
 
-def _add_layernorm_model(shape=(2, 8, 32)):
-    """x + y, then LayerNormalization over the last axis: the pattern ORT fuses to SkipLayerNormalization."""
-    import numpy as np
-    from onnx import TensorProto, helper, numpy_helper
-
-    d = shape[-1]
-    rng = np.random.default_rng(0)
-    inits = [numpy_helper.from_array(rng.standard_normal(d).astype(np.float32), "gamma"),
-             numpy_helper.from_array(rng.standard_normal(d).astype(np.float32), "beta")]
-    nodes = [helper.make_node("Add", ["x", "y"], ["s"]),
-             helper.make_node("LayerNormalization", ["s", "gamma", "beta"], ["out"], axis=-1, epsilon=1e-5)]
-    ins = [helper.make_tensor_value_info(n, TensorProto.FLOAT, list(shape)) for n in ("x", "y")]
-    outs = [helper.make_tensor_value_info("out", TensorProto.FLOAT, list(shape))]
-    graph = helper.make_graph(nodes, "addln", ins, outs, inits)
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-
-
 def test_skipln_off_keeps_add_and_layernorm_unfused(tmp_path):
     """skipln=off reaches onnxruntime: the optimised graph keeps Add + LayerNormalization, the default
     fuses them to SkipLayerNormalization; both agree with the reference."""
@@ -259,7 +242,7 @@ def test_skipln_off_keeps_add_and_layernorm_unfused(tmp_path):
 
     from collage_ml.backends.onnxruntime_backend import make_session
 
-    model = _add_layernorm_model()
+    model = residual_layernorm_model("residual", 32)
     ops = {}
     for skipln in ("on", "off"):
         path = str(tmp_path / f"opt-{skipln}.onnx")

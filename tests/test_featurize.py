@@ -21,7 +21,7 @@ from collage_ml.ir.importers import import_model
 
 from .fake_hardware import fake_probes
 
-from .helpers import chain_model
+from .helpers import chain_model, residual_layernorm_model
 
 HW = HardwareDesc(cores=4, threads=2, gpu=False)
 COL = {f: i for i, f in enumerate(FEATURES)}
@@ -196,28 +196,6 @@ def test_schema_mismatch_message(tmp_path):
         load_model(tmp_path)
 
 
-def _residual_ln_model(variant: str, d: int = 64):
-    """Add(s) then LayerNormalization over [2, 8, d]; ``variant`` picks where the constant bias sits and
-    whether the sum is an output too."""
-    rng = np.random.default_rng(0)
-    inits = [helper.make_tensor(n, TensorProto.FLOAT, [d], rng.standard_normal(d).astype(np.float32).tolist())
-             for n in ("gamma", "beta", "b")]
-    ln_in, outs, nodes = "s", ["out"], []
-    if variant == "residual":  # x + y -> LN: what ORT fuses
-        nodes.append(helper.make_node("Add", ["x", "y"], ["s"]))
-    elif variant == "bias-first":  # (x + b) + y -> LN: fused too, the bias goes in
-        nodes += [helper.make_node("Add", ["x", "b"], ["xb"]), helper.make_node("Add", ["xb", "y"], ["s"])]
-    elif variant == "bias-last":  # (x + y) + b -> LN: the Add before LN adds a constant; not fused
-        nodes += [helper.make_node("Add", ["x", "y"], ["xy"]), helper.make_node("Add", ["xy", "b"], ["s"])]
-    elif variant == "sum-out":  # x + y -> LN, the sum also an output of the graph: not fused
-        nodes.append(helper.make_node("Add", ["x", "y"], ["s"]))
-        outs.append("s")
-    nodes.append(helper.make_node("LayerNormalization", [ln_in, "gamma", "beta"], ["out"], axis=-1, epsilon=1e-5))
-    vi = lambda n: helper.make_tensor_value_info(n, TensorProto.FLOAT, [2, 8, d])  # noqa: E731
-    graph = helper.make_graph(nodes, variant, [vi("x"), vi("y")], [vi(o) for o in outs], inits)
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-
-
 @pytest.mark.parametrize("variant", ["residual", "bias-first", "bias-last", "sum-out"])
 def test_residual_add_ln_counts_what_onnxruntime_fuses(variant, tmp_path):
     """The feature counts the pairs that onnxruntime 1.32 turns into SkipLayerNormalization (its optimised
@@ -226,7 +204,7 @@ def test_residual_add_ln_counts_what_onnxruntime_fuses(variant, tmp_path):
 
     from collage_ml.backends.onnxruntime_backend import make_session
 
-    model = _residual_ln_model(variant)
+    model = residual_layernorm_model(variant)
     path = str(tmp_path / "opt.onnx")
     make_session(model.SerializeToString(), 1, False, "all", optimized_path=path)
     fused = sum(n.op_type == "SkipLayerNormalization" for n in onnx.load(path).graph.node)

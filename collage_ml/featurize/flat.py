@@ -102,12 +102,12 @@ def residual_add_ln(info: SubgraphInfo) -> tuple[int, float]:
     subgraph."""
     if info.n_edges == 0:
         return 0, 0.0
-    ops, weight = info.ops, info.node_values[:, 11]
+    ops, weight = info.ops, info.column("weight_bytes")
     src, dst = info.edges
     # onnxruntime 1.32 leaves the pair alone when the sum is also an output of the graph
     hit = (ops[dst] == _LN) & (ops[src] == _ADD) & (weight[src] == 0) & ~info.is_output[src]
     lns = np.unique(dst[hit])
-    return int(len(lns)), float(info.node_values[lns, 2].sum())
+    return int(len(lns)), float(info.column("bytes_written")[lns].sum())
 
 
 def _l(x: float) -> float:

@@ -221,3 +221,31 @@ def test_residual_add_ln_counts_what_onnxruntime_fuses(variant, tmp_path):
 def test_residual_add_ln_counts_every_pair_of_bert():
     info = subgraph_info(import_model("bert").whole())
     assert flat_mod.residual_add_ln(info)[0] == 16  # 8 layers, two residual Add + LayerNorm each
+
+
+def test_a_configured_backend_reads_the_graph_it_runs():
+    """``onnxruntime[skipln=off]`` fuses no Add + LayerNorm pair: its rows count none, in the flat row and the
+    GNN's global row alike; other configurations and other backends see the pairs."""
+    from collage_ml.featurize.graph import EncodedSamples, global_vector
+
+    info = compute_info(import_model(residual_layernorm_model("residual")).whole())
+    n = COL["n_residual_add_ln"]
+    got = {b: flat_row(info, b, HW)[n] for b in ("onnxruntime", "openvino", "onnxruntime[spin=on]",
+                                                 "onnxruntime[skipln=off]", "onnxruntime[skipln=false, spin=on]")}
+    assert got == {"onnxruntime": 1, "openvino": 1, "onnxruntime[spin=on]": 1, "onnxruntime[skipln=off]": 0,
+                   "onnxruntime[skipln=false, spin=on]": 0}
+    assert flat_row(info, "onnxruntime[skipln=off]", HW)[COL["log_residual_add_ln_bytes"]] == 0
+    # everything else in the row is the plain backend's
+    a, b = flat_row(info, "onnxruntime", HW), flat_row(info, "onnxruntime[skipln=off]", HW)
+    assert np.flatnonzero(~((a == b) | np.isnan(a) & np.isnan(b))).tolist() == [n, COL["log_residual_add_ln_bytes"]]
+
+    class S:
+        def __init__(self, backend):
+            self.info, self.backend, self.hw, self.log_latency = info, backend, HW, 0.0
+
+    enc = EncodedSamples([S("onnxruntime"), S("openvino"), S("onnxruntime[skipln=off]")])
+    gid = enc.gid.tolist()
+    assert gid[0] == gid[1] != gid[2]  # one graph row per subgraph, one more for the configuration
+    u = enc.graphs.tensors()[-1]
+    assert u[gid[0], n] > 0 and u[gid[2], n] == 0
+    np.testing.assert_array_equal(u[gid[2]].numpy(), global_vector(info, "onnxruntime[skipln=off]"))

@@ -337,3 +337,32 @@ def test_machine_balance_weighs_each_machine_the_same():
     assert ratios["none"] < 1.5 and 1.7 < ratios["machine"] < 2.3, ratios
     with pytest.raises(ValueError, match="unknown balance 'fleet'"):
         XGBCostModel(balance="fleet")
+
+
+def test_a_configuration_that_changes_the_graph_is_predicted_as_that_graph(transformers):
+    """A machine on which ONNX Runtime's fused Add + LayerNorm kernel is 3x slower than the pair (as on the
+    Zen 3): trained on plain backends only, the model predicts ``onnxruntime[skipln=off]`` as ORT running the
+    unfused graph, which it has seen in the subgraphs whose pairs ORT does not fuse."""
+    from collage_ml.featurize.flat import residual_add_ln
+
+    def machine(info, backend):
+        base = true_latency(info, "onnxruntime" if backend.startswith("onnxruntime") else backend)
+        n, nbytes = residual_add_ln(info)
+        fused = n if backend == "onnxruntime" else 0
+        return base + fused * 2 * nbytes / BW["onnxruntime"] * 40
+
+    data = Dataset([Sample(s.info, s.backend, HW, machine(s.info, s.backend), family="bert", source="bert")
+                    for s in transformers if s.backend != "torch"])
+    fused = [s for s in data if s.backend == "onnxruntime" and residual_add_ln(s.info)[0] > 0]
+    assert len(fused) > 30
+    held = {s.info.hash for s in fused[::3]}
+    model = XGBCostModel(**PARAMS).fit(data.filter(lambda s: s.info.hash not in held))
+    infos = list({s.info.hash: s.info for s in fused if s.info.hash in held}.values())
+    plain, off = (np.array(model.predict([Sample(i, b, HW) for i in infos])[0])
+                  for b in ("onnxruntime", "onnxruntime[skipln=off]"))
+    truth_plain = np.array([machine(i, "onnxruntime") for i in infos])
+    truth_off = np.array([machine(i, "onnxruntime[skipln=off]") for i in infos])
+    assert np.median(truth_off / truth_plain) < 0.6  # the premise: the fusion costs a lot here
+    assert np.mean(off < plain) > 0.9
+    # and by about the right amount
+    assert abs(np.median(np.log(off / plain)) - np.median(np.log(truth_off / truth_plain))) < 0.35

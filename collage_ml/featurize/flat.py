@@ -21,7 +21,7 @@ import numpy as np
 from collage_ml.featurize import roofline
 from collage_ml.featurize.hardware import ISA_FLAGS, HardwareDesc
 from collage_ml.featurize.info import SubgraphInfo, _LRU
-from collage_ml.featurize.schema import BACKENDS, N_BACKENDS, N_OPS, OPS, OP_INDEX, backend_slot
+from collage_ml.featurize.schema import BACKENDS, N_BACKENDS, N_OPS, OPS, OP_INDEX, backend_base, backend_options, backend_slot
 
 _CONV = np.array([OP_INDEX["Conv"], OP_INDEX["ConvTranspose"]], dtype=np.int16)
 _MATMUL = np.array([OP_INDEX["MatMul"], OP_INDEX["Gemm"], OP_INDEX["Einsum"]], dtype=np.int16)
@@ -110,6 +110,37 @@ def residual_add_ln(info: SubgraphInfo) -> tuple[int, float]:
     return int(len(lns)), float(info.column("bytes_written")[lns].sum())
 
 
+#: configurations that change the graph a backend runs, as the subgraph columns that then read 0: with
+#: ``onnxruntime[skipln=off]`` ONNX Runtime fuses no Add + LayerNorm pair (backends.configs), so the pairs it
+#: would fuse are none. Keyed by (base backend, option, value).
+CONFIG_ZEROES: dict[tuple[str, str, str], tuple[str, ...]] = {
+    ("onnxruntime", "skipln", "off"): ("n_residual_add_ln", "log_residual_add_ln_bytes"),
+}
+_CONFIG_COLS: dict[str, np.ndarray | None] = {}
+
+
+def config_zeroed(backend: str) -> np.ndarray | None:
+    """The subgraph columns that ``backend``'s configuration zeroes (:data:`CONFIG_ZEROES`), or None."""
+    cols = _CONFIG_COLS.get(backend, False)
+    if cols is False:
+        base, opts = backend_base(backend), backend_options(backend)
+        names = [c for (b, k, v), cs in CONFIG_ZEROES.items() if b == base and opts.get(k) == v for c in cs]
+        cols = np.array([SUBGRAPH_FEATURES.index(c) for c in names], dtype=np.int64) if names else None
+        _CONFIG_COLS[backend] = cols
+    return cols
+
+
+def backend_subgraph_part(info: SubgraphInfo, backend: str) -> np.ndarray:
+    """:func:`subgraph_part` as ``backend`` runs it: its configuration's effects applied (:func:`config_zeroed`)."""
+    sub = subgraph_part(info)
+    cols = config_zeroed(backend)
+    if cols is None:
+        return sub
+    out = sub.copy()
+    out[cols] = 0.0
+    return out
+
+
 def _l(x: float) -> float:
     return float(np.log1p(max(float(x), 0.0)))
 
@@ -188,7 +219,7 @@ def flat_matrix(items: Sequence[tuple[SubgraphInfo, str, HardwareDesc]]) -> np.n
     n_static = 3 + len(ISA_FLAGS)
     machines: dict[int, list] = {}
     for i, (info, backend, hw) in enumerate(items):
-        sub = subgraph_part(info)
+        sub = backend_subgraph_part(info, backend)
         out[i, :_N_SUB] = sub
         out[i, _N_SUB + backend_slot(backend)] = 1.0
         out[i, tail : tail + n_static] = hw.static_vector()

@@ -32,7 +32,9 @@ from typing import Sequence
 import numpy as np
 
 from collage_ml.featurize import roofline
-from collage_ml.featurize.flat import HW_PROBE_FEATURES, SUBGRAPH_FEATURES, machine_probes, subgraph_part
+from collage_ml.featurize.flat import (
+    HW_PROBE_FEATURES, SUBGRAPH_FEATURES, backend_subgraph_part, config_zeroed, machine_probes, subgraph_part,
+)
 from collage_ml.featurize.hardware import ISA_FLAGS, HardwareDesc
 from collage_ml.featurize.info import NODE_COLUMNS, SubgraphInfo
 from collage_ml.featurize.schema import N_OPS, backend_slot
@@ -72,8 +74,9 @@ def edges_both_ways(info: SubgraphInfo) -> np.ndarray:
     return np.concatenate([e, e[::-1]], axis=1)
 
 
-def global_vector(info: SubgraphInfo) -> np.ndarray:
-    u = np.array(subgraph_part(info), dtype=np.float32)
+def global_vector(info: SubgraphInfo, backend: str = "") -> np.ndarray:
+    """The subgraph's global row as ``backend`` runs it (``flat.backend_subgraph_part``)."""
+    u = np.array(backend_subgraph_part(info, backend) if backend else subgraph_part(info), dtype=np.float32)
     u[COUNT_COLUMNS] = np.log1p(np.maximum(u[COUNT_COLUMNS], 0))
     return u
 
@@ -95,7 +98,7 @@ def graph_data(info: SubgraphInfo, backend: str, hw: HardwareDesc, y: float | No
         edge_index=torch.from_numpy(edges_both_ways(info)),
         backend=torch.tensor([backend_slot(backend)], dtype=torch.long),
         hw=torch.tensor([hw_vector(info, backend, hw)], dtype=torch.float32),
-        u=torch.from_numpy(global_vector(info)).unsqueeze(0),
+        u=torch.from_numpy(global_vector(info, backend)).unsqueeze(0),
     )
     if y is not None:
         d.y = torch.tensor([y], dtype=torch.float32)
@@ -113,14 +116,18 @@ class GraphTable:
         self._u: list[np.ndarray] = []
         self._frozen = None
 
-    def add(self, info: SubgraphInfo) -> int:
-        i = self.index.get(info.hash)
+    def add(self, info: SubgraphInfo, backend: str = "") -> int:
+        """The row of ``info`` as ``backend`` runs it: one per subgraph, and one more per configuration that
+        changes its global row (``flat.config_zeroed``)."""
+        cols = config_zeroed(backend) if backend else None
+        key = info.hash if cols is None else f"{info.hash}|{','.join(map(str, cols))}"
+        i = self.index.get(key)
         if i is None:
             i = len(self._x)
-            self.index[info.hash] = i
+            self.index[key] = i
             self._x.append(node_matrix(info))
             self._e.append(edges_both_ways(info))
-            self._u.append(global_vector(info))
+            self._u.append(global_vector(info, backend))
             self._frozen = None
         return i
 
@@ -151,7 +158,7 @@ class EncodedSamples:
         import torch
 
         self.graphs = graphs or GraphTable()
-        self.gid = torch.tensor([self.graphs.add(s.info) for s in samples], dtype=torch.long)
+        self.gid = torch.tensor([self.graphs.add(s.info, s.backend) for s in samples], dtype=torch.long)
         self.backend = torch.tensor([backend_slot(s.backend) for s in samples], dtype=torch.long)
         hw_rows: dict[tuple, list[float]] = {}
         rows = []

@@ -37,8 +37,9 @@ OP_INDEX = {op: i for i, op in enumerate(OPS)}
 OTHER_OP = len(OPS)  # index of the "other" slot
 N_OPS = len(OPS) + 1
 
-#: backend slots (a configured backend such as ``onnxruntime[spin=on]`` uses its base name's slot, and its
-#: configuration's own slot in :data:`CONFIG_SLOTS` where it has one); unknown backends share the last slot
+#: backend slots (a configured backend such as ``onnxruntime[spin=on]`` uses its base name's slot; what a
+#: configuration changes in the graph the backend runs is in ``flat.CONFIG_ZEROES``); unknown backends share
+#: the last slot
 BACKENDS: tuple[str, ...] = (
     "onnxruntime",
     "openvino",
@@ -59,6 +60,21 @@ N_BACKENDS = len(BACKENDS) + 1
 def backend_base(name: str) -> str:
     """``onnxruntime[spin=on]`` -> ``onnxruntime``."""
     return name.split("[", 1)[0]
+
+
+_OFF = ("off", "false", "0", "no")
+
+
+def backend_options(name: str) -> dict[str, str]:
+    """``onnxruntime[skipln=off, spin=on]`` -> ``{"skipln": "off", "spin": "on"}``, keys and values lower-case,
+    a false value spelled ``off``; ``{}`` for a plain name. Lenient: the backend registry checks names."""
+    _, sep, rest = name.partition("[")
+    out: dict[str, str] = {}
+    for item in rest.rstrip().rstrip("]").split(",") if sep else []:
+        key, _, value = item.partition("=")
+        value = value.strip().lower()
+        out[key.strip().lower()] = "off" if value in _OFF else value
+    return out
 
 
 def backend_slot(name: str) -> int:

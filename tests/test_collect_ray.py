@@ -35,10 +35,11 @@ REPO = Path(__file__).resolve().parents[1]
 # dcgan-tiny on onnxruntime alone (14 candidates): torch's candidates would triple the time on 2 cores
 KW = {**_KW, "backends": "onnxruntime"}
 PLAN_KW = {**_PLAN_KW, "backends": "onnxruntime"}
-# every candidate timed for ~0.25 s, so a kill lands mid-shard
+# every candidate timed for ~0.5 s, so a kill lands mid-shard and both shards' workers overlap even where
+# one starts seconds after the other (Ray starts a worker per task; with 0.25 s a shard might end first)
 # pass_chunk=1: each candidate is committed as it is measured, so a kill can land between commits
 SLOW = TimingConfig(max_pressure=math.inf, max_steal=math.inf, contention_retries=0,
-                    warmup=1, warmup_seconds=0.0, min_repeats=3, max_repeats=10**6, max_spread=0.0, time_cap=0.25,
+                    warmup=1, warmup_seconds=0.0, min_repeats=3, max_repeats=10**6, max_spread=0.0, time_cap=0.5,
                     pass_chunk=1)
 
 
@@ -191,9 +192,14 @@ def _kill_one_shard_worker(path: Path, retries: int | None):
     t = threading.Thread(target=run, daemon=True)
     t.start()
     deadline = time.monotonic() + 60
+    pids: list[int] = []
+    counts: list[int] = []
     while True:
-        assert t.is_alive(), f"the collection ended before the kill: {result}"
-        assert time.monotonic() < deadline, "the shards did not commit 2 measurements each within 60 s"
+        # the state seen last goes into the message: a shard that ends before the other starts is the way
+        # this can fail on a loaded machine (each shard is ~7 candidates of SLOW's time_cap)
+        seen = f"shard workers running {len(pids)}, rows committed per shard {counts}"
+        assert t.is_alive(), f"the collection ended before the kill ({seen}): {result}"
+        assert time.monotonic() < deadline, f"the shards did not commit 2 measurements each within 60 s ({seen})"
         pids, counts = _shard_task_pids(), []
         _shard_rows(run_dir, counts)
         if len(pids) == 2 and len(counts) == 2 and min(counts) >= 2:

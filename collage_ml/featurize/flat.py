@@ -21,7 +21,9 @@ import numpy as np
 from collage_ml.featurize import roofline
 from collage_ml.featurize.hardware import ISA_FLAGS, HardwareDesc
 from collage_ml.featurize.info import SubgraphInfo, _LRU
-from collage_ml.featurize.schema import BACKENDS, N_BACKENDS, N_OPS, OPS, OP_INDEX, backend_base, backend_options, backend_slot
+from collage_ml.featurize.schema import (
+    BACKENDS, N_BACKENDS, N_OPS, OPS, OP_INDEX, backend_base, backend_options, backend_slot,
+)
 
 _CONV = np.array([OP_INDEX["Conv"], OP_INDEX["ConvTranspose"]], dtype=np.int16)
 _MATMUL = np.array([OP_INDEX["MatMul"], OP_INDEX["Gemm"], OP_INDEX["Einsum"]], dtype=np.int16)
@@ -121,13 +123,11 @@ _CONFIG_COLS: dict[str, np.ndarray | None] = {}
 
 def config_zeroed(backend: str) -> np.ndarray | None:
     """The subgraph columns that ``backend``'s configuration zeroes (:data:`CONFIG_ZEROES`), or None."""
-    cols = _CONFIG_COLS.get(backend, False)
-    if cols is False:
+    if backend not in _CONFIG_COLS:
         base, opts = backend_base(backend), backend_options(backend)
         names = [c for (b, k, v), cs in CONFIG_ZEROES.items() if b == base and opts.get(k) == v for c in cs]
-        cols = np.array([SUBGRAPH_FEATURES.index(c) for c in names], dtype=np.int64) if names else None
-        _CONFIG_COLS[backend] = cols
-    return cols
+        _CONFIG_COLS[backend] = np.array([SUBGRAPH_FEATURES.index(c) for c in names], dtype=np.int64) if names else None
+    return _CONFIG_COLS[backend]
 
 
 def backend_subgraph_part(info: SubgraphInfo, backend: str) -> np.ndarray:

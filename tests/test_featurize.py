@@ -249,3 +249,22 @@ def test_a_configured_backend_reads_the_graph_it_runs():
     u = enc.graphs.tensors()[-1]
     assert u[gid[0], n] > 0 and u[gid[2], n] == 0
     np.testing.assert_array_equal(u[gid[2]].numpy(), global_vector(info, "onnxruntime[skipln=off]"))
+
+
+@pytest.mark.parametrize("name", ["onnxruntime", "onnxruntime[opt=extended]", "onnxruntime[opt=basic]",
+                                  "onnxruntime[opt=none]", "onnxruntime[skipln=off]",
+                                  "onnxruntime[opt=basic,skipln=off]", "onnxruntime[spin=on]"])
+def test_configured_fused_pairs_match_what_onnxruntime_runs(name, tmp_path):
+    """For each ORT configuration, the row's fused-pair count is the number of SkipLayerNormalization nodes
+    in the graph ORT optimises under that configuration (ORT is the oracle)."""
+    import onnx
+
+    from collage_ml.backends.onnxruntime_backend import make_session
+
+    b = get_backend(name)
+    model = residual_layernorm_model("residual")
+    path = str(tmp_path / "opt.onnx")
+    make_session(model.SerializeToString(), 1, False, b.opt_level, skipln=b.skipln, optimized_path=path)
+    fused = sum(n.op_type == "SkipLayerNormalization" for n in onnx.load(path).graph.node)
+    info = compute_info(import_model(model).whole())
+    assert flat_row(info, b.name, HW)[COL["n_residual_add_ln"]] == fused

@@ -102,3 +102,13 @@ def residual_layernorm_model(variant: str = "residual", d: int = 64) -> onnx.Mod
     vi = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [2, 8, d]) for n in ("x", "y", *outs)]
     graph = helper.make_graph(nodes, variant, vi[:2], vi[2:], inits)
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def ort_optimized_ops(model: onnx.ModelProto, tmp_path, opt_level: str = "all", skipln: str = "on") -> list[str]:
+    """The op types, sorted, of the graph onnxruntime optimises ``model`` to under this project's session
+    options (``make_session``) with that optimisation level and ``skipln``: the oracle for what ORT fuses."""
+    from collage_ml.backends.onnxruntime_backend import make_session
+
+    path = str(tmp_path / f"opt-{opt_level}-{skipln}.onnx")
+    make_session(model.SerializeToString(), 1, False, opt_level, skipln=skipln, optimized_path=path)
+    return sorted(n.op_type for n in onnx.load(path).graph.node)

@@ -37,7 +37,7 @@ from collage_ml.measure.runner import Runner
 from collage_ml.measure.tasks import Task, build_backend, execute
 from collage_ml.measure.timing import TimingConfig, compare
 from collage_ml.plan import Plan
-from tests.helpers import assert_compiled_matches_reference, chain_model, residual_layernorm_model
+from tests.helpers import assert_compiled_matches_reference, chain_model, ort_optimized_ops, residual_layernorm_model
 
 ROOT = Path(__file__).resolve().parents[1]
 # one process per candidate: these tests are about placement and storage, not the protocol (test_protocol.py)
@@ -238,16 +238,8 @@ def test_ort_configuration_reaches_the_session():
 def test_skipln_off_keeps_add_and_layernorm_unfused(tmp_path):
     """skipln=off reaches onnxruntime: the optimised graph keeps Add + LayerNormalization, the default
     fuses them to SkipLayerNormalization; both agree with the reference."""
-    import onnx
-
-    from collage_ml.backends.onnxruntime_backend import make_session
-
     model = residual_layernorm_model("residual", 32)
-    ops = {}
-    for skipln in ("on", "off"):
-        path = str(tmp_path / f"opt-{skipln}.onnx")
-        make_session(model.SerializeToString(), 1, False, "all", skipln=skipln, optimized_path=path)
-        ops[skipln] = sorted(n.op_type for n in onnx.load(path).graph.node)
+    ops = {skipln: ort_optimized_ops(model, tmp_path, skipln=skipln) for skipln in ("on", "off")}
     assert ops["on"] == ["SkipLayerNormalization"], ops
     assert ops["off"] == ["Add", "LayerNormalization"], ops
     g = from_onnx(model)

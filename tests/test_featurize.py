@@ -21,7 +21,7 @@ from collage_ml.ir.importers import import_model
 
 from .fake_hardware import fake_probes
 
-from .helpers import chain_model, residual_layernorm_model
+from .helpers import chain_model, ort_optimized_ops, residual_layernorm_model
 
 HW = HardwareDesc(cores=4, threads=2, gpu=False)
 COL = {f: i for i, f in enumerate(FEATURES)}
@@ -200,14 +200,8 @@ def test_schema_mismatch_message(tmp_path):
 def test_residual_add_ln_counts_what_onnxruntime_fuses(variant, tmp_path):
     """The feature counts the pairs that onnxruntime 1.32 turns into SkipLayerNormalization (its optimised
     graph is the oracle), from the live subgraph and from the stored skeleton alike."""
-    import onnx
-
-    from collage_ml.backends.onnxruntime_backend import make_session
-
     model = residual_layernorm_model(variant)
-    path = str(tmp_path / "opt.onnx")
-    make_session(model.SerializeToString(), 1, False, "all", optimized_path=path)
-    fused = sum(n.op_type == "SkipLayerNormalization" for n in onnx.load(path).graph.node)
+    fused = ort_optimized_ops(model, tmp_path).count("SkipLayerNormalization")
     assert fused == (1 if variant in ("residual", "bias-first") else 0)
     sg = import_model(model).whole()
     for info in (compute_info(sg), info_from_onnx(sg.skeleton_onnx())):
@@ -257,14 +251,8 @@ def test_a_configured_backend_reads_the_graph_it_runs():
 def test_configured_fused_pairs_match_what_onnxruntime_runs(name, tmp_path):
     """For each ORT configuration, the row's fused-pair count is the number of SkipLayerNormalization nodes
     in the graph ORT optimises under that configuration (ORT is the oracle)."""
-    import onnx
-
-    from collage_ml.backends.onnxruntime_backend import make_session
-
     b = get_backend(name)
     model = residual_layernorm_model("residual")
-    path = str(tmp_path / "opt.onnx")
-    make_session(model.SerializeToString(), 1, False, b.opt_level, skipln=b.skipln, optimized_path=path)
-    fused = sum(n.op_type == "SkipLayerNormalization" for n in onnx.load(path).graph.node)
+    fused = ort_optimized_ops(model, tmp_path, b.opt_level, b.skipln).count("SkipLayerNormalization")
     info = compute_info(import_model(model).whole())
     assert flat_row(info, b.name, HW)[COL["n_residual_add_ln"]] == fused

@@ -46,12 +46,19 @@ def parse_backend_name(name: str) -> tuple[str, dict[str, str]]:
     return base, options
 
 
-def _normalise_value(value: object, allowed: Sequence[str]) -> str:
+def switch_value(value: object) -> str:
+    """A switch's value spelled canonically: true/1/yes are ``on``, false/0/no are ``off``; anything else
+    lower-cased as written."""
     if isinstance(value, bool):
         return "on" if value else "off"
     v = str(value).strip().lower()
-    if set(allowed) <= {"on", "off"}:  # a switch: true/1/yes are on, false/0/no are off
-        return "on" if v in _TRUE else "off" if v in _FALSE else v
+    return "on" if v in _TRUE else "off" if v in _FALSE else v
+
+
+def _normalise_value(value: object, allowed: Sequence[str]) -> str:
+    if isinstance(value, bool) or set(allowed) <= {"on", "off"}:  # a switch
+        return switch_value(value)
+    v = str(value).strip().lower()
     try:
         return str(int(v))  # 02 -> 2
     except ValueError:

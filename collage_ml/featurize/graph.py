@@ -33,7 +33,7 @@ import numpy as np
 
 from collage_ml.featurize import roofline
 from collage_ml.featurize.flat import (
-    HW_PROBE_FEATURES, SUBGRAPH_FEATURES, backend_subgraph_part, config_zeroed, machine_probes, subgraph_part,
+    HW_PROBE_FEATURES, SUBGRAPH_FEATURES, backend_subgraph_part, config_zeroed, machine_probes,
 )
 from collage_ml.featurize.hardware import ISA_FLAGS, HardwareDesc
 from collage_ml.featurize.info import NODE_COLUMNS, SubgraphInfo
@@ -76,7 +76,7 @@ def edges_both_ways(info: SubgraphInfo) -> np.ndarray:
 
 def global_vector(info: SubgraphInfo, backend: str = "") -> np.ndarray:
     """The subgraph's global row as ``backend`` runs it (``flat.backend_subgraph_part``)."""
-    u = np.array(backend_subgraph_part(info, backend) if backend else subgraph_part(info), dtype=np.float32)
+    u = np.array(backend_subgraph_part(info, backend), dtype=np.float32)
     u[COUNT_COLUMNS] = np.log1p(np.maximum(u[COUNT_COLUMNS], 0))
     return u
 
@@ -110,7 +110,7 @@ class GraphTable:
     """Distinct subgraphs, their node rows, edges and global rows, concatenated for fast batching."""
 
     def __init__(self) -> None:
-        self.index: dict[str, int] = {}
+        self.index: dict[str | tuple, int] = {}
         self._x: list[np.ndarray] = []
         self._e: list[np.ndarray] = []
         self._u: list[np.ndarray] = []
@@ -119,8 +119,8 @@ class GraphTable:
     def add(self, info: SubgraphInfo, backend: str = "") -> int:
         """The row of ``info`` as ``backend`` runs it: one per subgraph, and one more per configuration that
         changes its global row (``flat.config_zeroed``)."""
-        cols = config_zeroed(backend) if backend else None
-        key = info.hash if cols is None else f"{info.hash}|{','.join(map(str, cols))}"
+        cols = config_zeroed(backend)
+        key = info.hash if cols is None else (info.hash, *cols.tolist())
         i = self.index.get(key)
         if i is None:
             i = len(self._x)

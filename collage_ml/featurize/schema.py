@@ -20,6 +20,7 @@ own, which decided the backend on such regions on the Zen 3.
 
 from __future__ import annotations
 
+from collage_ml.backends.names import parse_backend_name, switch_value
 from collage_ml.errors import CollageError
 
 SCHEMA_VERSION = 5
@@ -62,19 +63,15 @@ def backend_base(name: str) -> str:
     return name.split("[", 1)[0]
 
 
-_OFF = ("off", "false", "0", "no")
-
-
 def backend_options(name: str) -> dict[str, str]:
-    """``onnxruntime[skipln=off, spin=on]`` -> ``{"skipln": "off", "spin": "on"}``, keys and values lower-case,
-    a false value spelled ``off``; ``{}`` for a plain name. Lenient: the backend registry checks names."""
-    _, sep, rest = name.partition("[")
-    out: dict[str, str] = {}
-    for item in rest.rstrip().rstrip("]").split(",") if sep else []:
-        key, _, value = item.partition("=")
-        value = value.strip().lower()
-        out[key.strip().lower()] = "off" if value in _OFF else value
-    return out
+    """``onnxruntime[skipln=false, opt=Basic]`` -> ``{"skipln": "off", "opt": "basic"}``: the name's options
+    (``backends.names.parse_backend_name``), switch values spelled on/off (``names.switch_value``); ``{}`` for a
+    plain name, and for a malformed one (the backend registry is what refuses names)."""
+    try:
+        _, opts = parse_backend_name(name)
+    except CollageError:
+        return {}
+    return {k: switch_value(v) for k, v in opts.items()}
 
 
 def backend_slot(name: str) -> int:

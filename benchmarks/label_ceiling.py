@@ -1,12 +1,15 @@
-"""How well can a cost model score against labels that do not repeat? The same candidates measured twice.
+"""How well can a cost model score against labels that do not repeat? The same candidates measured twice or more.
 
-    .venv/bin/python benchmarks/label_ceiling.py --db A.db --rerun B.db [--extra-train-db S.db] [--train-on-mean]
-        [--models xgb|none] [--json OUT]
+    .venv/bin/python benchmarks/label_ceiling.py --db A.db --rerun B.db [--rerun C.db ...] [--extra-train-db S.db]
+        [--train-on-mean] [--models xgb|none] [--json OUT]
 
-``B.db`` is a second collection of ``A.db``'s candidates on the same CPU kind,
-thread count and protocol (``collage-ml collect --sampler enumerate`` into a
-fresh database). Over the rows both hold, per held-out family and then the
-mean over families, with the metrics of ``collage_ml.models.evaluate``:
+``B.db`` (and ``C.db``, ...) is another collection of ``A.db``'s candidates
+on the same CPU kind, thread count and protocol (``collage-ml collect`` into
+a fresh database): a sitting of its own. Every pair of sittings is compared
+first (``agreement_pairs``: within +-10%, the median ratio, and within +-10%
+with that one factor divided out). Then, over the rows every sitting holds,
+per held-out family and the mean over families, with the metrics of
+``collage_ml.models.evaluate``:
 
 1. **re-measured**: run B's latencies scored as predictions of run A's
    labels, as a cost model is scored in ``benchmarks/cost_model.py``. This is
@@ -20,15 +23,21 @@ mean over families, with the metrics of ``collage_ml.models.evaluate``:
    calibration instead (run B times A's / B's machine estimate of the
    candidate, the ``roofline-mean`` target's scale): what training does with
    databases that ``collect`` calibrated in every sitting. It is left out when
-   either run holds no calibration.
+   either run holds no calibration. With three sittings or more, **the last
+   sitting as predictions of the others' mean** is scored beside the model
+   against the same labels: a fresh measurement and the model predicting a
+   label with less noise in it.
 2. **the model against each label set**: leave one family out, XGBoost (or
    ``--models``) trained on run A's rows of the other families (plus
    ``--extra-train-db``), its predictions for the held-out family scored
-   against run A's labels, run B's, and their geometric mean (each
-   candidate's noise, if independent between runs, shrunk by sqrt 2). If the
-   metrics rise against the mean, label noise is holding them down.
-3. ``--train-on-mean``: the same, trained with the geometric mean as the
-   label wherever both runs hold a row.
+   against each sitting's labels and against the geometric mean of all of
+   them (each candidate's noise, if independent between sittings, shrunk by
+   the square root of their count). If the metrics rise against the mean,
+   label noise is holding them down.
+3. ``--train-on-mean``: the same, trained on the sittings merged as
+   ``collage-ml train`` merges them (``models.dataset.merge_sittings``: one
+   sample per candidate, the geometric mean of its sittings, each read
+   against its own calibration), scored against the mean.
 """
 
 from __future__ import annotations
@@ -50,7 +59,7 @@ from cost_model import log, side_by_side  # noqa: E402  (benchmarks/ is not a pa
 from collage_ml.errors import CollageError  # noqa: E402
 from collage_ml.featurize.roofline import machine_log_estimate  # noqa: E402
 from collage_ml.models.base import create_model  # noqa: E402
-from collage_ml.models.dataset import Dataset  # noqa: E402
+from collage_ml.models.dataset import Dataset, merge_sittings  # noqa: E402
 from collage_ml.models.evaluate import average_metrics, evaluate_predictions  # noqa: E402
 from collage_ml.models.metrics import json_safe  # noqa: E402
 
@@ -86,41 +95,66 @@ def agreement(a: np.ndarray, b: np.ndarray) -> dict[str, float]:
             "median_ratio_b_over_a": float(np.exp(np.median(np.log(b / a))))}
 
 
+def names_of(n: int) -> list[str]:
+    """The sittings' names: A (the dataset), then B, C, ... (its reruns)."""
+    return [chr(ord("A") + i) for i in range(n)]
+
+
+def geomean(labels: list[dict], keys) -> dict:
+    return {k: float(np.exp(np.mean([math.log(lab[k]) for lab in labels]))) for k in keys}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--db", type=Path, required=True, help="run A: the dataset the model trains on")
-    ap.add_argument("--rerun", type=Path, required=True, help="run B: the same candidates measured again")
+    ap.add_argument("--rerun", type=Path, required=True, action="append",
+                    help="run B: the same candidates measured again (repeat it for C, D, ...)")
     ap.add_argument("--extra-train-db", type=Path, action="append", default=[], metavar="PATH",
                     help="rows that join every training set (less the held-out family), never scored")
     ap.add_argument("--models", default="xgb", help="model kinds, comma-separated (default: xgb); 'none': the "
                                                     "re-measured rows only")
     ap.add_argument("--families", default=None, help="hold out only these families (default: every one both runs hold)")
-    ap.add_argument("--train-on-mean", action="store_true", help="also train on the two runs' geometric mean")
+    ap.add_argument("--train-on-mean", action="store_true", help="also train on the sittings merged (their mean)")
     ap.add_argument("--json", type=Path, default=None, metavar="PATH")
     args = ap.parse_args()
     t0 = time.perf_counter()
 
-    a, b = load(args.db), load(args.rerun)
-    b_lat = {row_key(s): s.latency for s in b}
-    both = a.filter(lambda s: row_key(s) in b_lat)
+    runs = [load(args.db)] + [load(p) for p in args.rerun]
+    names = names_of(len(runs))
+    lat = [{row_key(s): s.latency for s in r} for r in runs]
+    a, b, b_lat = runs[0], runs[1], lat[1]
+    both = a.filter(lambda s: all(row_key(s) in m for m in lat[1:]))
     if not len(both):
-        raise SystemExit(f"label_ceiling: {args.rerun} holds none of {args.db}'s rows (another machine, thread count "
-                         "or protocol?)")
-    mean_lat = {row_key(s): math.sqrt(s.latency * b_lat[row_key(s)]) for s in both}
+        raise SystemExit(f"label_ceiling: the reruns hold none of {args.db}'s rows in common (another machine, "
+                         "thread count or protocol?)")
+    keys = [row_key(s) for s in both]
+    mean_lat = geomean(lat, keys)
+    rest_mean = geomean(lat[:-1], keys) if len(runs) > 2 else {}  # every sitting but the last
     fams = [f.strip() for f in args.families.split(",")] if args.families else sorted(set(both.sources()))
     extra = Dataset()
     for p in args.extra_train_db:
         extra = extra + load(p)
-    agree = agreement(both.latencies(), np.array([b_lat[row_key(s)] for s in both]))
-    log(f"{len(both)} rows in both runs ({len(a)} in A, {len(b)} in B); within +-10%: {agree['within_10pct']:.1%}, "
-        f"B/A at the median {agree['median_ratio_b_over_a']:.3f}; families {', '.join(fams)}")
-    agree["rescaled"] = agreement(both.latencies(), np.array([b_lat[row_key(s)] for s in both])
-                                  / agree["median_ratio_b_over_a"])
+    pairs: dict[str, dict[str, Any]] = {}
+    for i in range(len(runs)):
+        for j in range(i + 1, len(runs)):
+            shared = [k for k in lat[i] if k in lat[j]]
+            x, y = np.array([lat[i][k] for k in shared]), np.array([lat[j][k] for k in shared])
+            pair = agreement(x, y)
+            pair["rescaled"] = agreement(x, y / pair["median_ratio_b_over_a"])
+            pairs[f"{names[i]}~{names[j]}"] = pair
+            log(f"{names[i]} and {names[j]}: {len(shared)} rows in both, within +-10% {pair['within_10pct']:.1%} "
+                f"({pair['rescaled']['within_10pct']:.1%} rescaled), {names[j]}/{names[i]} at the median "
+                f"{pair['median_ratio_b_over_a']:.3f}")
+    agree = agreement(both.latencies(), np.array([b_lat[k] for k in keys]))
+    log(f"{len(both)} rows in every sitting ({', '.join(f'{n} {len(r)}' for n, r in zip(names, runs))}); "
+        f"A~B within +-10%: {agree['within_10pct']:.1%}, B/A at the median {agree['median_ratio_b_over_a']:.3f}; "
+        f"families {', '.join(fams)}")
+    agree["rescaled"] = agreement(both.latencies(), np.array([b_lat[k] for k in keys]) / agree["median_ratio_b_over_a"])
     est_b = {row_key(s): machine_estimate(s) for s in b}
     cal = {row_key(s): math.exp(machine_estimate(s) - est_b[row_key(s)]) for s in both}  # A's estimate / B's
     calibrated = all(math.isfinite(v) for v in cal.values())
     if calibrated:
-        agree["calibrated"] = agreement(both.latencies(), np.array([b_lat[k] * cal[k] for k in map(row_key, both)]))
+        agree["calibrated"] = agreement(both.latencies(), np.array([b_lat[k] * cal[k] for k in keys]))
         log(f"each run read against its own calibration: within +-10% {agree['calibrated']['within_10pct']:.1%}, "
             f"rescaled {agree['rescaled']['within_10pct']:.1%}, "
             f"B/A {agree['calibrated']['median_ratio_b_over_a']:.3f}")
@@ -129,13 +163,24 @@ def main() -> int:
 
     kinds = [k.strip() for k in args.models.split(",") if k.strip() and k.strip() != "none"]
     scale = 1.0 / agree["median_ratio_b_over_a"]  # the rescaled arm: B x median A/B
+    every = f"mean({','.join(names)})"
+    rest = f"mean({','.join(names[:-1])})"
+    last_vs_rest = f"re-measured ({names[-1]} as predictions of {rest})"
     arms = ["re-measured (B as predictions of A)", "re-measured, rescaled (B x median A/B)"]
     if calibrated:
         arms.append("re-measured, calibrated (B x estimate A/B)")
+    arms += [f"re-measured ({n} as predictions of A)" for n in names[2:]]
+    if rest_mean:
+        arms.append(last_vs_rest)
     for k in kinds:
-        arms += [f"{k} vs A", f"{k} vs B", f"{k} vs mean(A,B)"]
+        arms += [f"{k} vs {n}" for n in names] + [f"{k} vs {every}"]
+        if rest_mean:
+            arms.append(f"{k} vs {rest}")
         if args.train_on_mean:
-            arms += [f"{k} trained on mean(A,B), vs mean(A,B)"]
+            arms += [f"{k} trained on {every}, vs {every}"]
+    merged_train = merge_sittings(Dataset([s for r in runs for s in r])) if args.train_on_mean and kinds else None
+    if merged_train is not None:
+        log(f"merged sittings for training: {merged_train.merged}")
     per: dict[str, dict[str, dict[str, Any]]] = {arm: {} for arm in arms}
     for i, fam in enumerate(fams):
         test = both.filter(lambda s, fam=fam: s.source == fam)
@@ -146,29 +191,42 @@ def main() -> int:
         per[arms[1]][fam] = evaluate_predictions(test, b_pred * scale)
         if calibrated:
             per[arms[2]][fam] = evaluate_predictions(test, b_pred * np.array([cal[row_key(s)] for s in test]))
-        train = a.filter(lambda s, fam=fam: s.source != fam) + extra.filter(lambda s, fam=fam: s.source != fam)
+        for n, m in zip(names[2:], lat[2:]):
+            per[f"re-measured ({n} as predictions of A)"][fam] = evaluate_predictions(
+                test, np.array([m[row_key(s)] for s in test]))
+        if rest_mean:
+            per[last_vs_rest][fam] = evaluate_predictions(with_labels(test, rest_mean),
+                                                          np.array([lat[-1][row_key(s)] for s in test]))
+        extra_train = extra.filter(lambda s, fam=fam: s.source != fam)
+        train = a.filter(lambda s, fam=fam: s.source != fam) + extra_train
         for k in kinds:
-            trainings = [("", train)] + ([("mean", with_labels(train, mean_lat))] if args.train_on_mean else [])
+            trainings = [("", train)]
+            if merged_train is not None:
+                trainings.append(("mean", merged_train.filter(lambda s, fam=fam: s.source != fam) + extra_train))
             for how, rows in trainings:
-                log(f"[{i + 1}/{len(fams)}] {fam}: {k}{' on mean labels' if how else ''}, {len(rows)} training rows, "
-                    f"{len(test)} scored")
+                log(f"[{i + 1}/{len(fams)}] {fam}: {k}{' on merged sittings' if how else ''}, {len(rows)} training "
+                    f"rows, {len(test)} scored")
                 model = create_model(k)
                 model.fit(rows)
                 pred = np.asarray(model.predict(test.samples)[0], dtype=np.float64)
                 if how:
-                    per[f"{k} trained on mean(A,B), vs mean(A,B)"][fam] = evaluate_predictions(with_labels(test, mean_lat), pred)
+                    per[f"{k} trained on {every}, vs {every}"][fam] = evaluate_predictions(with_labels(test, mean_lat), pred)
                     continue
-                per[f"{k} vs A"][fam] = evaluate_predictions(test, pred)
-                per[f"{k} vs B"][fam] = evaluate_predictions(with_labels(test, b_lat), pred)
-                per[f"{k} vs mean(A,B)"][fam] = evaluate_predictions(with_labels(test, mean_lat), pred)
+                for n, m in zip(names, lat):
+                    per[f"{k} vs {n}"][fam] = evaluate_predictions(with_labels(test, m), pred)
+                per[f"{k} vs {every}"][fam] = evaluate_predictions(with_labels(test, mean_lat), pred)
+                if rest_mean:
+                    per[f"{k} vs {rest}"][fam] = evaluate_predictions(with_labels(test, rest_mean), pred)
 
     means = {arm: average_metrics(per[arm]) for arm in arms}
-    side_by_side(f"mean over {len(fams)} held-out families, rows in both runs", {arm: {"": means[arm]} for arm in arms}, [""])
+    side_by_side(f"mean over {len(fams)} held-out families, rows in every sitting",
+                 {arm: {"": means[arm]} for arm in arms}, [""])
     side_by_side("re-measured, per family (raw / rescaled)", {f: {"raw": per[arms[0]].get(f, {}), "rescaled": per[arms[1]].get(f, {})}
                                                         for f in fams}, ["raw", "rescaled"])
     if args.json:
-        out = {"command": " ".join(sys.argv), "db": str(args.db), "rerun": str(args.rerun),
-               "extra_train_dbs": [str(p) for p in args.extra_train_db], "agreement": agree, "families": fams,
+        out = {"command": " ".join(sys.argv), "db": str(args.db), "rerun": [str(p) for p in args.rerun],
+               "extra_train_dbs": [str(p) for p in args.extra_train_db], "agreement": agree,
+               "agreement_pairs": pairs, "rows_in_every_sitting": len(both), "families": fams,
                "mean": means, "per_family": per, "seconds": time.perf_counter() - t0}
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(json_safe(out), indent=1))

@@ -11,7 +11,8 @@ from typing import Any, Callable, Mapping, Sequence
 
 from collage_ml.collector import DEFAULT_INDUCTOR_FRACTION, DEFAULT_MAX_REFERENCE_BYTES, DEFAULT_SAMPLES_PER_GRAPH
 from collage_ml.defaults import (
-    BACKENDS, COST_MODEL, DB, MAX_REGION_SIZE, MODE, MODEL_KIND, PROGRESS, RECALIBRATE_HOURS, THREADS,
+    BACKENDS, COST_MODEL, DB, MAX_REGION_SIZE, MODE, MODEL_KIND, PROGRESS, RECALIBRATE_HOURS, SITTINGS,
+    THREADS,
 )
 from collage_ml.ir import Graph, import_model
 
@@ -182,6 +183,7 @@ def train(
     hardware: str | None = None,
     progress: bool = PROGRESS,
     pool_probes: bool | str = False,
+    sittings: str = SITTINGS,
 ):
     """Fits a cost model on the valid measurements of ``db``; returns the :class:`~collage_ml.models.base.CostModel`.
 
@@ -200,6 +202,9 @@ def train(
       table, the median of their calibrations, instead of each database its own (opt-in: it helped two
       CPU kinds of three, docs/results/cost-models.md, "One probe table per machine"); ``"node"`` pools each
       instance of a machine (a VM's boot, as its rows recorded it) apart.
+    - ``sittings``: a candidate that several of the databases measured on one machine (a rerun) is one
+      sample, the geometric mean of its sittings, each read against its own calibration (``"mean"``), or
+      one sample per database (``"each"``); ``training["merged_sittings"]`` counts the merged ones.
 
     The model's ``training`` dict says what happened: ``n``, ``sources``, ``backends``,
     ``hardware``, ``fit_seconds``, ``params``, and for held-out families ``holdout[family]``
@@ -208,7 +213,7 @@ def train(
     from collage_ml.models.training import train as _train
 
     return _train(db, model, out, holdout_families, params, hardware=hardware, progress=progress,
-                  pool_probes=pool_probes)
+                  pool_probes=pool_probes, sittings=sittings)
 
 
 def evaluate(
@@ -218,8 +223,13 @@ def evaluate(
     *,
     hardware: str | None = None,
     progress: bool = PROGRESS,
+    sittings: str = SITTINGS,
 ) -> dict:
     """Scores a cost model on the valid measurements of ``db``; returns a dict of metrics.
+
+    ``db`` is a database, or a list of them scored together; where several measured one candidate on one
+    machine (sittings of it), ``sittings="mean"`` scores against their geometric mean, ``"each"`` against
+    each (see :func:`train`).
 
     ``artifact`` is an artifact directory (from :func:`train` or ``collage-ml train``),
     ``"default"`` (the shipped model that fits this machine) or a CostModel. ``holdout_families``
@@ -232,7 +242,7 @@ def evaluate(
     """
     from collage_ml.models.training import evaluate as _evaluate
 
-    return _evaluate(db, artifact, holdout_families, hardware=hardware, progress=progress)
+    return _evaluate(db, artifact, holdout_families, hardware=hardware, progress=progress, sittings=sittings)
 
 
 def load(path: str | Path, threads: int | None = THREADS):

@@ -31,8 +31,13 @@ RECALIBRATE_HOURS = 1.0
 #: what ``train --pool-probes`` gives one probe table: each machine (fingerprint, threads, protocol), or each
 #: instance of it apart (the node its rows recorded: a VM's boot)
 POOL_BY = ("machine", "node")
+#: how ``train`` and ``eval`` read a candidate that several of their databases measured on one machine (the
+#: sittings of a rerun): ``"mean"``, one sample whose label is the geometric mean of its sittings, or ``"each"``,
+#: one sample per sitting
+SITTINGS = "mean"
+SITTINGS_CHOICES = ("mean", "each")
 #: progress bars in the Python API (the CLI shows them unless --no-progress)
 PROGRESS = False
 
 __all__ = ["BACKENDS", "COST_MODEL", "DB", "MAX_REGION_SIZE", "MODE", "MODEL_KIND", "POOL_BY", "PROGRESS",
-           "RECALIBRATE_HOURS", "THREADS"]
+           "RECALIBRATE_HOURS", "SITTINGS", "SITTINGS_CHOICES", "THREADS"]

@@ -517,7 +517,7 @@ def test_training_on_two_databases_of_one_machine_pools_their_calibrations_when_
                 for i, probe in enumerate(PROBE_NAMES):
                     d.commit_probe(fp, "onnxruntime", "1", "m5", PROBE_SET_VERSION, probe, scale * 1e-4 * (i + 1), "h")
         paths.append(p)
-    apart = load_dataset(paths)
+    apart = load_dataset(paths, sittings="each")  # the same candidates twice, one sample per database
     assert sorted({s.hw.probes_of("onnxruntime")[0] for s in apart}) == pytest.approx([1e-4, 3e-4])
     assert apart.pooled == {}
     both = load_dataset(paths, pool=True)

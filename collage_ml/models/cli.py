@@ -13,10 +13,13 @@ import sys
 from typing import Any
 
 from collage_ml.argtypes import arg, key_value
-from collage_ml.defaults import COST_MODEL, DB, MODEL_KIND, POOL_BY
+from collage_ml.defaults import COST_MODEL, DB, MODEL_KIND, POOL_BY, SITTINGS, SITTINGS_CHOICES
 
 KINDS = ("xgb", "gnn", "blend")
 DB_HELP = "measurement database (default: the per-user one that place and collect write)"
+SITTINGS_HELP = ("of several --db, a candidate that more than one measured on one machine (a rerun): 'mean' reads it "
+                 "as one sample, the geometric mean of its sittings, each read against its own calibration; 'each' "
+                 f"as one sample per database (default: {SITTINGS})")
 
 
 def add_parser(subparsers) -> None:
@@ -41,6 +44,7 @@ def add_parser(subparsers) -> None:
     t.add_argument("--pool-probes", nargs="?", const="machine", default=False, choices=POOL_BY, metavar="machine|node",
                    help="of several --db, give each machine (or, with 'node', each instance of it: a VM's boot) one "
                         "probe table: the median of their calibrations")
+    t.add_argument("--sittings", default=SITTINGS, choices=SITTINGS_CHOICES, help=SITTINGS_HELP)
     t.add_argument("--param", type=arg(key_value), action="append", default=[], metavar="KEY=VALUE",
                    help="model parameter; VALUE is parsed as JSON when it can be (repeatable)")
     t.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -55,7 +59,9 @@ def add_parser(subparsers) -> None:
             "sources."
         ),
     )
-    e.add_argument("--db", default=DB, metavar="PATH", help=DB_HELP)
+    e.add_argument("--db", action="append", default=None, metavar="PATH",
+                   help=DB_HELP + "; repeat it to score on several databases at once (e.g. a dataset and its rerun)")
+    e.add_argument("--sittings", default=SITTINGS, choices=SITTINGS_CHOICES, help=SITTINGS_HELP)
     e.add_argument("--artifact", default=COST_MODEL, metavar="ARTIFACT|default",
                    help="artifact directory, or 'default' for the shipped one that fits this machine (default: "
                         f"{COST_MODEL})")
@@ -75,6 +81,19 @@ def run(args: argparse.Namespace) -> int:
 
 
 # ----------------------------------------------------------------------------- shared
+def _dbs(args) -> Any:
+    """``--db`` as ``train``/``evaluate`` take it: the default, one path, or a list of them."""
+    if args.db is None:
+        return DB
+    return args.db[0] if len(args.db) == 1 else list(args.db)
+
+
+def _say_merged(merged: dict) -> None:
+    if merged.get("candidates"):
+        print(f"{merged['candidates']} candidates were measured in more than one sitting ({merged['rows']} rows): "
+              "each is one sample, the geometric mean of its sittings (--sittings each keeps them apart)")
+
+
 def _progress_enabled(args) -> bool:
     return not args.no_progress and not args.json and sys.stderr.isatty()
 
@@ -97,8 +116,8 @@ def _train(args) -> int:
     from collage_ml.models.evaluate import json_safe
 
     model = training.make_model(args.model, dict(args.param), what="--param")  # usage errors before the database
-    model = training.train(args.db if args.db is None or len(args.db) > 1 else args.db[0], model, args.output, args.holdout_family, hardware=args.hardware,
-                           progress=_progress_enabled(args), pool_probes=args.pool_probes)
+    model = training.train(_dbs(args), model, args.output, args.holdout_family, hardware=args.hardware,
+                           progress=_progress_enabled(args), pool_probes=args.pool_probes, sittings=args.sittings)
     summary = model.training
     if args.json:
         print(json.dumps(json_safe(summary), indent=2, default=str))
@@ -109,6 +128,7 @@ def _train(args) -> int:
     )
     if summary["skipped"]:
         print(f"skipped {summary['skipped']} rows whose stored subgraph no longer parses")
+    _say_merged(summary.get("merged_sittings") or {})
     if summary.get("pooled_probes"):
         per = "instance of a machine (node)" if args.pool_probes == "node" else "machine"
         print(f"one probe table per {per}, the median of its databases' calibrations: "
@@ -129,19 +149,21 @@ def _eval(args) -> int:
     from collage_ml.models.evaluate import json_safe
 
     result = training.evaluate(
-        args.db, args.artifact, args.holdout_family, hardware=args.hardware, progress=_progress_enabled(args),
-        on_warning=lambda text: print(f"collage-ml: warning: {text}", file=sys.stderr),
+        _dbs(args), args.artifact, args.holdout_family, hardware=args.hardware, progress=_progress_enabled(args),
+        on_warning=lambda text: print(f"collage-ml: warning: {text}", file=sys.stderr), sittings=args.sittings,
     )
     if args.json:
         print(json.dumps(json_safe(result), indent=2, default=str))
         return 0
     per = result["per_family"]
-    overall = {k: v for k, v in result.items() if k not in ("artifact", "kind", "db", "families", "per_family")}
+    overall = {k: v for k, v in result.items()
+               if k not in ("artifact", "kind", "db", "families", "per_family", "merged_sittings")}
     rows = dict(per)
     rows["all" if per else result["families"][0]] = overall
     _metrics_table(f"{result['kind']} cost model {result['artifact']} on {result['db']}", rows)
     print(f"{overall['n']} samples, {overall['n_groups']} decision groups ({overall['ungrouped']} samples in none), "
           f"{overall['n_backend_groups']} backend groups")
+    _say_merged(result.get("merged_sittings") or {})
     return 0
 
 

@@ -14,7 +14,7 @@ import warnings
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-from collage_ml.defaults import COST_MODEL, DB, MODEL_KIND, PROGRESS
+from collage_ml.defaults import COST_MODEL, DB, MODEL_KIND, PROGRESS, SITTINGS, SITTINGS_CHOICES
 from collage_ml.errors import CollageError
 
 
@@ -31,25 +31,33 @@ def database_path(db: Any) -> Path:
     return Path(db)
 
 
-def load_dataset(db: Any, hardware: str | None = None, progress: bool = False, pool: bool | str = False):
+def load_dataset(db: Any, hardware: str | None = None, progress: bool = False, pool: bool | str = False,
+                 sittings: str = SITTINGS):
     """The valid rows of ``db`` (a path, an open Database, None for the per-user one, or a list of those:
     their rows together) as a Dataset.
 
     With ``pool``, each machine's samples in a list get one probe table, the median of its databases'
     calibrations (:func:`~collage_ml.models.dataset.pool_probes`; ``pool="node"``: each instance of a machine
-    apart); ``Dataset.pooled`` says which machines had several."""
+    apart); ``Dataset.pooled`` says which machines had several. A candidate that several databases of a list
+    measured on one machine is one sample under ``sittings="mean"``
+    (:func:`~collage_ml.models.dataset.merge_sittings`; ``Dataset.merged`` counts them), one per database
+    under ``"each"``."""
     from collage_ml.db import Database
-    from collage_ml.models.dataset import Dataset, pool_probes
+    from collage_ml.models.dataset import Dataset, merge_sittings, pool_probes
 
+    if sittings not in SITTINGS_CHOICES:
+        raise ValueError(f"sittings must be one of {', '.join(SITTINGS_CHOICES)}, got {sittings!r}")
     if isinstance(db, (list, tuple)):
         if not db:
             raise CollageError("no measurement database given")
         parts = [load_dataset(d, hardware, progress) for d in db]
         pooled = pool_probes(parts, "machine" if pool is True else pool) if pool else {}
-        out = parts[0]
-        for part in parts[1:]:
-            out = out + part
+        out = Dataset([s for part in parts for s in part.samples])
+        out.skipped = sum(int(getattr(part, "skipped", 0)) for part in parts)  # type: ignore[attr-defined]
         out.pooled = pooled  # type: ignore[attr-defined]
+        out.merged = {}  # type: ignore[attr-defined]
+        if sittings == "mean":
+            out = merge_sittings(out)
         return out
 
     p = database_path(db)
@@ -120,6 +128,7 @@ def train(
     hardware: str | None = None,
     progress: bool = PROGRESS,
     pool_probes: bool | str = False,
+    sittings: str = SITTINGS,
 ):
     """Fits a cost model; returns it, with ``model.training`` holding the summary (see :func:`collage_ml.train`)."""
     from collage_ml.models.base import CostModel
@@ -131,7 +140,7 @@ def train(
         m = model
     else:
         m = make_model(str(model), params)
-    ds = load_dataset(db, hardware, progress, pool=pool_probes)
+    ds = load_dataset(db, hardware, progress, pool=pool_probes, sittings=sittings)
     where = database_path(db)
     holdout = check_families(holdout_families, ds, where)
     train_set, test = ds.split_by_source(holdout)
@@ -154,6 +163,7 @@ def train(
         "hardware": sorted({s.hardware for s in train_set}),
         "skipped": int(getattr(ds, "skipped", 0)),
         "pooled_probes": dict(getattr(ds, "pooled", {})),
+        "merged_sittings": dict(getattr(ds, "merged", {})),
         "fit_seconds": round(fit_s, 3),
         "params": m.params,
         "holdout_families": holdout,
@@ -177,6 +187,7 @@ def evaluate(
     hardware: str | None = None,
     progress: bool = PROGRESS,
     on_warning: Callable[[str], None] | None = None,
+    sittings: str = SITTINGS,
 ) -> dict[str, Any]:
     """The metrics of ``artifact`` on ``db`` (see :func:`collage_ml.evaluate`).
 
@@ -196,7 +207,7 @@ def evaluate(
         except ImportError as e:
             raise ArtifactError(f"cannot load the cost model {artifact}: a package is missing ({e})") from None
         name = str(artifact)
-    ds = load_dataset(db, hardware, progress)
+    ds = load_dataset(db, hardware, progress, sittings=sittings)
     where = database_path(db)
     families = check_families(holdout_families, ds, where) if holdout_families else ds.sources()
     if holdout_families:
@@ -219,9 +230,10 @@ def evaluate(
     return {
         "artifact": name,
         "kind": model.kind,
-        "db": str(where),
+        "db": " + ".join(str(database_path(d)) for d in db) if isinstance(db, (list, tuple)) else str(where),
         "families": families,
         "overlaps_training": overlap,
+        "merged_sittings": dict(getattr(ds, "merged", {})),
         **overall,
         "per_family": per_family(ds.samples, pred, families) if len(families) > 1 else {},
     }

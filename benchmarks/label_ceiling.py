@@ -37,7 +37,12 @@ per held-out family and the mean over families, with the metrics of
 3. ``--train-on-mean``: the same, trained on the sittings merged as
    ``collage-ml train`` merges them (``models.dataset.merge_sittings``: one
    sample per candidate, the geometric mean of its sittings, each read
-   against its own calibration), scored against the mean.
+   against its own calibration), scored against the mean. The other
+   families' training labels then share their sittings with the scored
+   labels; ``--train-on-rest`` (three sittings or more) trains on every
+   sitting but the last, merged, and scores against the last, which no
+   training label came from. ``--no-base`` skips the model trained on run A
+   alone.
 """
 
 from __future__ import annotations
@@ -115,6 +120,10 @@ def main() -> int:
                                                     "re-measured rows only")
     ap.add_argument("--families", default=None, help="hold out only these families (default: every one both runs hold)")
     ap.add_argument("--train-on-mean", action="store_true", help="also train on the sittings merged (their mean)")
+    ap.add_argument("--train-on-rest", action="store_true",
+                    help="with three sittings or more, also train on every sitting but the last merged, and score "
+                         "against the last: a sitting the model never trained on")
+    ap.add_argument("--no-base", action="store_true", help="skip the model trained on run A alone")
     ap.add_argument("--json", type=Path, default=None, metavar="PATH")
     args = ap.parse_args()
     t0 = time.perf_counter()
@@ -178,9 +187,13 @@ def main() -> int:
             arms.append(f"{k} vs {rest}")
         if args.train_on_mean:
             arms += [f"{k} trained on {every}, vs {every}"]
+        if rest_mean and args.train_on_rest:
+            arms += [f"{k} trained on {rest}, vs {names[-1]}", f"{k} trained on {rest}, vs {rest}"]
     merged_train = merge_sittings(Dataset([s for r in runs for s in r])) if args.train_on_mean and kinds else None
     if merged_train is not None:
         log(f"merged sittings for training: {merged_train.merged}")
+    rest_train = (merge_sittings(Dataset([s for r in runs[:-1] for s in r]))
+                  if args.train_on_rest and rest_mean and kinds else None)
     per: dict[str, dict[str, dict[str, Any]]] = {arm: {} for arm in arms}
     for i, fam in enumerate(fams):
         test = both.filter(lambda s, fam=fam: s.source == fam)
@@ -200,17 +213,23 @@ def main() -> int:
         extra_train = extra.filter(lambda s, fam=fam: s.source != fam)
         train = a.filter(lambda s, fam=fam: s.source != fam) + extra_train
         for k in kinds:
-            trainings = [("", train)]
+            trainings = [] if args.no_base else [("", train)]
             if merged_train is not None:
                 trainings.append(("mean", merged_train.filter(lambda s, fam=fam: s.source != fam) + extra_train))
+            if rest_train is not None:
+                trainings.append(("rest", rest_train.filter(lambda s, fam=fam: s.source != fam) + extra_train))
             for how, rows in trainings:
-                log(f"[{i + 1}/{len(fams)}] {fam}: {k}{' on merged sittings' if how else ''}, {len(rows)} training "
+                log(f"[{i + 1}/{len(fams)}] {fam}: {k}{f' on merged sittings ({how})' if how else ''}, {len(rows)} training "
                     f"rows, {len(test)} scored")
                 model = create_model(k)
                 model.fit(rows)
                 pred = np.asarray(model.predict(test.samples)[0], dtype=np.float64)
-                if how:
+                if how == "mean":
                     per[f"{k} trained on {every}, vs {every}"][fam] = evaluate_predictions(with_labels(test, mean_lat), pred)
+                    continue
+                if how == "rest":
+                    per[f"{k} trained on {rest}, vs {names[-1]}"][fam] = evaluate_predictions(with_labels(test, lat[-1]), pred)
+                    per[f"{k} trained on {rest}, vs {rest}"][fam] = evaluate_predictions(with_labels(test, rest_mean), pred)
                     continue
                 for n, m in zip(names, lat):
                     per[f"{k} vs {n}"][fam] = evaluate_predictions(with_labels(test, m), pred)
@@ -218,6 +237,7 @@ def main() -> int:
                 if rest_mean:
                     per[f"{k} vs {rest}"][fam] = evaluate_predictions(with_labels(test, rest_mean), pred)
 
+    arms = [arm for arm in arms if per[arm]]  # --no-base leaves the base model's arms empty
     means = {arm: average_metrics(per[arm]) for arm in arms}
     side_by_side(f"mean over {len(fams)} held-out families, rows in every sitting",
                  {arm: {"": means[arm]} for arm in arms}, [""])

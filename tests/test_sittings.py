@@ -117,3 +117,9 @@ def test_train_and_eval_say_what_they_merged(sitting_a, tmp_path, capsys):
     with pytest.raises(SystemExit):
         main(["train", "--db", str(sitting_a), "-o", str(art), "--sittings", "avg"])
     assert "invalid choice: 'avg'" in capsys.readouterr().err
+
+
+def test_one_database_given_twice_is_one_line(sitting_a, capsys):
+    assert main(["eval", "--db", str(sitting_a), "--db", str(sitting_a), "--artifact", "default"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("collage-ml: error:") and "\n" not in err and "is given twice" in err, err

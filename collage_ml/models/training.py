@@ -50,6 +50,11 @@ def load_dataset(db: Any, hardware: str | None = None, progress: bool = False, p
     if isinstance(db, (list, tuple)):
         if not db:
             raise CollageError("no measurement database given")
+        seen: set[Path] = set()
+        for p in map(database_path, db):  # one database twice would read as two sittings of every candidate
+            if str(p) != ":memory:" and p.resolve() in seen:
+                raise CollageError(f"{p} is given twice; give each database once")
+            seen.add(p.resolve())
         parts = [load_dataset(d, hardware, progress) for d in db]
         pooled = pool_probes(parts, "machine" if pool is True else pool) if pool else {}
         out = Dataset([s for part in parts for s in part.samples])

@@ -117,6 +117,13 @@ def log(msg: str) -> None:
     err.print(f"[dim]{time.strftime('%H:%M:%S')} {msg}[/]")
 
 
+def write_json(path: Path, results: Any) -> None:
+    """``results`` as JSON at ``path`` (its folder made), said on stderr."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(json_safe(results), indent=1, default=str))
+    log(f"wrote {path}")
+
+
 def parse_params(items: list[str], kinds: list[str]) -> dict[str, dict[str, Any]]:
     out: dict[str, dict[str, Any]] = {k: {} for k in kinds}
     for it in items:
@@ -497,9 +504,7 @@ def main() -> int:
                                                 for col in ("backend", "true", "pred", "std")})
         log(f"wrote {args.save_preds}")
     if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(json_safe(results), indent=1, default=str))
-        log(f"wrote {args.json}")
+        write_json(args.json, results)
     log(f"done in {results['seconds']:.0f} s")
     return 0
 

@@ -49,7 +49,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import math
 import sys
 import time
@@ -59,14 +58,13 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from cost_model import log, side_by_side  # noqa: E402  (benchmarks/ is not a package)
+from cost_model import log, side_by_side, write_json  # noqa: E402  (benchmarks/ is not a package)
 
 from collage_ml.errors import CollageError  # noqa: E402
 from collage_ml.featurize.roofline import machine_log_estimate  # noqa: E402
 from collage_ml.models.base import create_model  # noqa: E402
 from collage_ml.models.dataset import Dataset, merge_sittings  # noqa: E402
 from collage_ml.models.evaluate import average_metrics, evaluate_predictions  # noqa: E402
-from collage_ml.models.metrics import json_safe  # noqa: E402
 
 
 def row_key(s) -> tuple[str, str, str]:
@@ -82,7 +80,7 @@ def load(path: Path) -> Dataset:
     try:
         return Dataset.from_db(path).filter(lambda s: s.source != "probe")
     except CollageError as e:
-        raise SystemExit(f"label_ceiling: {path}: {e}") from None
+        raise SystemExit(f"{Path(sys.argv[0]).stem}: {path}: {e}") from None
 
 
 def machine_estimate(s) -> float:
@@ -248,9 +246,7 @@ def main() -> int:
                "extra_train_dbs": [str(p) for p in args.extra_train_db], "agreement": agree,
                "agreement_pairs": pairs, "rows_in_every_sitting": len(both), "families": fams,
                "mean": means, "per_family": per, "seconds": time.perf_counter() - t0}
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(json_safe(out), indent=1))
-        log(f"wrote {args.json}")
+        write_json(args.json, out)
     return 0
 
 

@@ -24,7 +24,6 @@ ratio ``r = log(second / first)``:
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 import time
@@ -34,26 +33,16 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from cost_model import log  # noqa: E402  (benchmarks/ is not a package)
+from cost_model import log, write_json  # noqa: E402  (benchmarks/ is not a package)
+from label_ceiling import load, row_key  # noqa: E402
 
-from collage_ml.errors import CollageError  # noqa: E402
 from collage_ml.featurize.flat import FEATURES, flat_matrix  # noqa: E402
 from collage_ml.featurize.roofline import machine_log_estimate  # noqa: E402
-from collage_ml.models.dataset import Dataset  # noqa: E402
-from collage_ml.models.metrics import json_safe  # noqa: E402
 
 L10 = math.log(1.1)
 #: the machine's columns are the same for every row of a sitting: left out, so the fit sees the candidate only
 MACHINE_PREFIXES = ("hw_", "probe:", "roof_", "rel_")
 BANDS = ((0.0, 1e-4), (1e-4, 1e-3), (1e-3, 1e-2), (1e-2, math.inf))
-
-
-def load(path: Path) -> dict:
-    try:
-        ds = Dataset.from_db(path).filter(lambda s: s.source != "probe")
-    except CollageError as e:
-        raise SystemExit(f"sitting_drift: {path}: {e}") from None
-    return {(s.hardware, s.info.hash, s.backend): s for s in ds}
 
 
 def within(r: np.ndarray) -> float:
@@ -113,7 +102,7 @@ def main() -> int:
     if len(args.db) < 2:
         raise SystemExit("sitting_drift: give two --db or more (sittings of the same candidates)")
     t0 = time.perf_counter()
-    runs = [load(p) for p in args.db]
+    runs = [{row_key(s): s for s in load(p)} for p in args.db]
     names = [chr(ord("A") + i) for i in range(len(runs))]
     pairs = {}
     for i in range(len(runs)):
@@ -130,9 +119,7 @@ def main() -> int:
     if args.json:
         out = {"command": " ".join(sys.argv), "sittings": dict(zip(names, map(str, args.db))), "pairs": pairs,
                "seconds": time.perf_counter() - t0}
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(json_safe(out), indent=1))
-        log(f"wrote {args.json}")
+        write_json(args.json, out)
     return 0
 
 

@@ -61,7 +61,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from cost_model import log, side_by_side, write_json  # noqa: E402  (benchmarks/ is not a package)
 
 from collage_ml.errors import CollageError  # noqa: E402
-from collage_ml.featurize.roofline import machine_log_estimate  # noqa: E402
+from collage_ml.featurize.flat import machine_log_estimates  # noqa: E402
 from collage_ml.models.base import create_model  # noqa: E402
 from collage_ml.models.dataset import Dataset, merge_sittings  # noqa: E402
 from collage_ml.models.evaluate import average_metrics, evaluate_predictions  # noqa: E402
@@ -86,7 +86,7 @@ def load(path: Path) -> Dataset:
 def machine_estimate(s) -> float:
     """The machine's mean roofline estimate of a sample's candidate (log seconds) from the calibration its row
     reads (its own sitting's); NaN for an uncalibrated machine."""
-    return machine_log_estimate(s.info, [q for _, q in s.hw.probes])
+    return float(machine_log_estimates([(s.info, s.hw)])[0])
 
 
 def agreement(a: np.ndarray, b: np.ndarray) -> dict[str, float]:

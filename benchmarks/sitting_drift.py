@@ -36,8 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from cost_model import log, write_json  # noqa: E402  (benchmarks/ is not a package)
 from label_ceiling import load, row_key  # noqa: E402
 
-from collage_ml.featurize.flat import FEATURES, flat_matrix  # noqa: E402
-from collage_ml.featurize.roofline import machine_log_estimate  # noqa: E402
+from collage_ml.featurize.flat import FEATURES, flat_matrix, machine_log_estimates  # noqa: E402
 
 L10 = math.log(1.1)
 #: the machine's columns are the same for every row of a sitting: left out, so the fit sees the candidate only
@@ -73,8 +72,8 @@ def pair(a: dict, b: dict) -> dict:
     first, second = [a[k] for k in keys], [b[k] for k in keys]
     r = np.log(np.array([s.latency for s in second]) / np.array([s.latency for s in first]))
     med = float(np.median(r))
-    est = np.array([machine_log_estimate(y.info, [q for _, q in y.hw.probes])
-                    - machine_log_estimate(x.info, [q for _, q in x.hw.probes]) for x, y in zip(first, second)])
+    est = (machine_log_estimates([(s.info, s.hw) for s in second])
+           - machine_log_estimates([(s.info, s.hw) for s in first]))
     pred = explained(first, r, keys)
     out = {"n": len(keys), "raw": within(r), "median_ratio": math.exp(med), "rescaled": within(r - med),
            "calibrated": within(r - est) if np.isfinite(est).all() else None, "features": within(r - pred),

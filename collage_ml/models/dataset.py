@@ -245,15 +245,15 @@ def merge_sittings(data: Dataset) -> Dataset:
     measured the same candidate on the same machine under the same protocol (a rerun, a second sitting),
     they become one sample, the first one's, whose latency is the geometric mean of theirs, each read
     against its own sitting's calibration (log latency minus the machine's roofline estimate from the probes
-    that row reads, ``featurize.roofline.machine_log_estimate``; as raw latencies where a row has no
-    calibration), put back on the first one's scale. Its ``sittings`` says how many.
+    that row reads, ``featurize.flat.machine_log_estimates``, the ``roofline-mean`` target's scale; as raw
+    latencies where a row has no calibration), put back on the first one's scale. Its ``sittings`` says how many.
 
     One database holds one row per candidate, so only a list of databases merges. Two sittings a day apart
     on the Zen 3 agreed within +-10% on 31% of candidates; a cost model scored against their mean chose the
     backend with 2.6% regret, against either alone 3.1-4.6% (docs/results/cost-models.md, "The Zen 3 at 2
     threads measured again"). Each sitting as a sample of its own would instead weigh a re-measured
     candidate twice. ``Dataset.merged`` is ``{"candidates": merged candidates, "rows": rows they held}``."""
-    from collage_ml.featurize.roofline import machine_log_estimate
+    from collage_ml.featurize.flat import machine_log_estimates
 
     groups: dict[tuple, list[int]] = {}
     for i, s in enumerate(data.samples):
@@ -268,7 +268,7 @@ def merge_sittings(data: Dataset) -> Dataset:
             continue
         ss = [data.samples[i] for i in idx]
         logs = np.log([s.latency for s in ss])
-        est = np.array([machine_log_estimate(s.info, [q for _, q in s.hw.probes]) for s in ss])
+        est = machine_log_estimates([(s.info, s.hw) for s in ss])
         if np.isfinite(est).all():
             label = float(est[0] + np.mean(logs - est))
         else:

@@ -9,7 +9,10 @@
    metrics (``collage_ml.models.evaluate``) are printed per family and
    averaged over families (unweighted). ``--extra-train-db`` adds rows that
    join every fold's training set and are never scored (a dataset of
-   synthetic networks, ``collect --models synthetic:N``).
+   synthetic networks, ``collect --models synthetic:N``). ``--rerun`` adds
+   another sitting of ``--db``'s candidates (``datasets/reruns/``), merged
+   into one sample per candidate as ``collage-ml train`` merges them, so
+   every section trains and scores on the sittings' mean.
 2. **Random split** (80/20 by subgraph): not held out by family, so it is an
    optimistic number, printed for comparison only.
 3. **Few-shot transfer** to ``--target-db`` (default
@@ -78,7 +81,7 @@ from collage_ml.featurize import roofline  # noqa: E402
 from shipped_datasets import dataset_dbs  # noqa: E402
 from collage_ml.models.base import create_model  # noqa: E402
 from collage_ml.defaults import POOL_BY  # noqa: E402
-from collage_ml.models.dataset import Dataset, pool_probes  # noqa: E402
+from collage_ml.models.dataset import Dataset, merge_sittings, pool_probes  # noqa: E402
 from collage_ml.models.evaluate import (  # noqa: E402
     HIGHER_IS_BETTER,
     METRIC_LABELS,
@@ -333,6 +336,10 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--db", type=Path, default=DEFAULT_DB, help="main measurement database")
     ap.add_argument("--target-db", type=Path, default=DEFAULT_TARGET, help="few-shot target database")
+    ap.add_argument("--rerun", type=Path, action="append", default=[], metavar="PATH",
+                    help="another sitting of --db's candidates (datasets/reruns/): merged into --db's samples "
+                         "as collage-ml train merges them (models.dataset.merge_sittings), so every section "
+                         "trains and scores on the sittings' mean")
     ap.add_argument("--extra-train-db", type=Path, action="append", default=[], metavar="PATH",
                     help="rows that join every leave-one-family-out training set (less the held-out family), "
                          "never scored: e.g. a synthetic-network dataset; repeatable")
@@ -384,6 +391,13 @@ def main() -> int:
     t0 = time.perf_counter()
     log(f"loading {args.db}")
     data = Dataset.from_db(args.db, progress=sys.stderr.isatty())
+    if args.rerun:
+        for p in args.rerun:
+            if p.resolve() == args.db.resolve() or args.rerun.count(p) > 1:
+                raise SystemExit(f"{p} is given twice: one database would read as two sittings of every candidate")
+        data = merge_sittings([data, *(Dataset.from_db(p) for p in args.rerun)])
+        log(f"{len(args.rerun)} rerun(s) merged: {data.merged['candidates']} candidates from "
+            f"{data.merged['rows']} rows ({data.merged['by_shared']} scaled by the candidates their sittings share)")
     fams = [f for f in data.sources() if f != "probe"]  # the probe set is the machine's description, not a family
     if args.families:
         fams = [f.strip() for f in args.families.split(",") if f.strip()]
@@ -407,6 +421,8 @@ def main() -> int:
         "quick": args.quick,
         "seed": args.seed,
         "n": len(data),
+        "reruns": [str(p) for p in args.rerun],
+        "merged_sittings": getattr(data, "merged", None),
         "extra_train_dbs": [str(p) for p in args.extra_train_db],
         "n_extra_train": len(extra),
         "pool_probes": args.pool_probes or False,

@@ -187,10 +187,10 @@ def main() -> int:
             arms += [f"{k} trained on {every}, vs {every}"]
         if rest_mean and args.train_on_rest:
             arms += [f"{k} trained on {rest}, vs {names[-1]}", f"{k} trained on {rest}, vs {rest}"]
-    merged_train = merge_sittings(Dataset([s for r in runs for s in r])) if args.train_on_mean and kinds else None
+    merged_train = merge_sittings(runs) if args.train_on_mean and kinds else None
     if merged_train is not None:
         log(f"merged sittings for training: {merged_train.merged}")
-    rest_train = (merge_sittings(Dataset([s for r in runs[:-1] for s in r]))
+    rest_train = (merge_sittings(runs[:-1])
                   if args.train_on_rest and rest_mean and kinds else None)
     per: dict[str, dict[str, dict[str, Any]]] = {arm: {} for arm in arms}
     for i, fam in enumerate(fams):

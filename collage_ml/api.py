@@ -203,7 +203,8 @@ def train(
       CPU kinds of three, docs/results/cost-models.md, "One probe table per machine"); ``"node"`` pools each
       instance of a machine (a VM's boot, as its rows recorded it) apart.
     - ``sittings``: a candidate that several of the databases measured on one machine (a rerun) is one
-      sample, the geometric mean of its sittings, each read against its own calibration (``"mean"``), or
+      sample, the geometric mean of its sittings, each put on the first one's scale by the candidates they
+      share (``models.dataset.merge_sittings``; ``"mean"``), or
       one sample per database (``"each"``); ``training["merged_sittings"]`` counts the merged ones.
 
     The model's ``training`` dict says what happened: ``n``, ``sources``, ``backends``,

@@ -18,7 +18,8 @@ from collage_ml.defaults import COST_MODEL, DB, MODEL_KIND, POOL_BY, SITTINGS, S
 KINDS = ("xgb", "gnn", "blend")
 DB_HELP = "measurement database (default: the per-user one that place and collect write)"
 SITTINGS_HELP = ("of several --db, a candidate that more than one measured on one machine (a rerun): 'mean' reads it "
-                 "as one sample, the geometric mean of its sittings, each read against its own calibration; 'each' "
+                 "as one sample, the geometric mean of its sittings, each scaled to the first by the candidates they "
+                 "share; 'each' "
                  f"as one sample per database (default: {SITTINGS})")
 
 
@@ -90,8 +91,12 @@ def _dbs(args) -> Any:
 
 def _say_merged(merged: dict) -> None:
     if merged.get("candidates"):
+        rest = merged["candidates"] - merged.get("by_shared", 0)
+        how = (f"; {rest} of them read through their calibrations, too few candidates shared to scale by"
+               if rest else "")
         print(f"{merged['candidates']} candidates were measured in more than one sitting ({merged['rows']} rows): "
-              "each is one sample, the geometric mean of its sittings (--sittings each keeps them apart)")
+              "each is one sample, the geometric mean of its sittings, each sitting scaled to the first by the "
+              f"candidates they share{how} (--sittings each keeps them apart)")
 
 
 def _progress_enabled(args) -> bool:

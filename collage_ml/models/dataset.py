@@ -240,47 +240,89 @@ def sitting_key(s: Sample) -> tuple | None:
     return None if s.key is None else (s.hardware, s.protocol, s.key)
 
 
-def merge_sittings(data: Dataset) -> Dataset:
-    """``data`` with one sample per candidate and machine (:func:`sitting_key`): where several databases
-    measured the same candidate on the same machine under the same protocol (a rerun, a second sitting),
-    they become one sample, the first one's, whose latency is the geometric mean of theirs, each read
-    against its own sitting's calibration (log latency minus the machine's roofline estimate from the probes
-    that row reads, ``featurize.flat.machine_log_estimates``, the ``roofline-mean`` target's scale; as raw
-    latencies where a row has no calibration), put back on the first one's scale. Its ``sittings`` says how many.
+#: a sitting's scale for a backend is read from the candidates it shares with the first sitting of that machine
+#: and backend when at least this many are shared (:func:`sitting_scales`); else from its calibration
+MIN_SHARED = 30
 
-    One database holds one row per candidate, so only a list of databases merges. Two sittings a day apart
-    on the Zen 3 agreed within +-10% on 31% of candidates; a cost model scored against their mean chose the
-    backend with 2.6% regret, against either alone 3.1-4.6% (docs/results/cost-models.md, "The Zen 3 at 2
-    threads measured again"). Each sitting as a sample of its own would instead weigh a re-measured
-    candidate twice. ``Dataset.merged`` is ``{"candidates": merged candidates, "rows": rows they held}``."""
+
+def sitting_scales(parts: Sequence[Dataset]) -> list[dict[tuple, float]]:
+    """Per part (a sitting: one database), per machine and backend ``(fingerprint, protocol, backend)``: how
+    much slower, in log, that sitting ran the candidates it shares with the first part that holds rows of that
+    machine and backend (the median log ratio; 0 for that first part). Left out where fewer than
+    :data:`MIN_SHARED` candidates are shared."""
+    logs = [{sitting_key(s): math.log(s.latency) for s in part if sitting_key(s) is not None
+             and s.latency is not None and s.latency > 0} for part in parts]
+    first: dict[tuple, int] = {}
+    out: list[dict[tuple, float]] = []
+    for j, rows in enumerate(logs):
+        by_backend: dict[tuple, list] = {}
+        for k in rows:
+            by_backend.setdefault((k[0], k[1], k[2].backend), []).append(k)
+        scales: dict[tuple, float] = {}
+        for mb, keys in by_backend.items():
+            a = first.setdefault(mb, j)
+            if a == j:
+                scales[mb] = 0.0
+                continue
+            r = [rows[k] - logs[a][k] for k in keys if k in logs[a]]
+            if len(r) >= MIN_SHARED:
+                scales[mb] = float(np.median(r))
+        out.append(scales)
+    return out
+
+
+def merge_sittings(parts: Sequence[Dataset]) -> Dataset:
+    """``parts`` (one Dataset per database, in order) as one Dataset with one sample per candidate and machine
+    (:func:`sitting_key`): where several databases measured the same candidate on the same machine under the
+    same protocol (a rerun, a second sitting), they become one sample, the first one's, whose latency is the
+    geometric mean of theirs, each put on the first one's scale first. Its ``sittings`` says how many.
+
+    A sitting's scale, per backend, is the median ratio over the candidates it shares with that machine's
+    first sitting (:func:`sitting_scales`), where at least :data:`MIN_SHARED` are shared; else each row is read
+    against its own sitting's calibration (log latency minus the machine's roofline estimate from that row's
+    probes, ``featurize.flat.machine_log_estimates``), or raw where a row has no calibration. On the Zen 3 at 2
+    threads four sittings' labels, read the first way, agree within +-10% as means of two against the other
+    two on 51%, and read through their calibrations on 42%: a scale from thousands of candidates is steadier
+    than one from the probe set's 104 (docs/results/cost-models.md, "Four sittings of the Zen 3").
+
+    Each sitting as a sample of its own would instead weigh a re-measured candidate twice. ``Dataset.merged``
+    is ``{"candidates": merged candidates, "rows": rows they held, "by_shared": candidates put on scale by the
+    shared candidates}``."""
     from collage_ml.featurize.flat import machine_log_estimates
 
+    if isinstance(parts, Dataset):
+        raise TypeError("merge_sittings takes one Dataset per sitting (a list), not their samples together")
+    scales = sitting_scales(parts)
+    samples = [(s, j) for j, part in enumerate(parts) for s in part.samples]
     groups: dict[tuple, list[int]] = {}
-    for i, s in enumerate(data.samples):
+    for i, (s, _) in enumerate(samples):
         k = sitting_key(s)
         if k is not None and s.latency is not None and s.latency > 0:
             groups.setdefault(k, []).append(i)
     first: dict[int, Sample] = {}
     drop: set[int] = set()
-    rows = 0
+    rows = by_shared = 0
     for idx in groups.values():
         if len(idx) < 2:
             continue
-        ss = [data.samples[i] for i in idx]
+        ss = [samples[i][0] for i in idx]
         logs = np.log([s.latency for s in ss])
-        est = machine_log_estimates([(s.info, s.hw) for s in ss])
-        if np.isfinite(est).all():
-            label = float(est[0] + np.mean(logs - est))
+        mb = (ss[0].hardware, ss[0].protocol, ss[0].backend)
+        f = [scales[samples[i][1]].get(mb) for i in idx]
+        if all(x is not None for x in f):
+            label = float(np.mean(logs - (np.array(f) - f[0])))
+            by_shared += 1
         else:
-            label = float(np.mean(logs))
+            est = machine_log_estimates([(s.info, s.hw) for s in ss])
+            label = float(est[0] + np.mean(logs - est)) if np.isfinite(est).all() else float(np.mean(logs))
         first[idx[0]] = replace(ss[0], latency=math.exp(label), sittings=sum(s.sittings for s in ss))
         drop.update(idx[1:])
         rows += len(idx)
-    out = Dataset([first.get(i, s) for i, s in enumerate(data.samples) if i not in drop])
-    for attr in ("skipped", "contended", "pooled"):
-        if hasattr(data, attr):
-            setattr(out, attr, getattr(data, attr))
-    out.merged = {"candidates": len(first), "rows": rows}  # type: ignore[attr-defined]
+    out = Dataset([first.get(i, s) for i, (s, _) in enumerate(samples) if i not in drop])
+    for attr in ("skipped", "contended"):  # rows each database left out
+        if any(hasattr(part, attr) for part in parts):
+            setattr(out, attr, sum(int(getattr(part, attr, 0)) for part in parts))
+    out.merged = {"candidates": len(first), "rows": rows, "by_shared": by_shared}  # type: ignore[attr-defined]
     return out
 
 

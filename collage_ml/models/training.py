@@ -57,12 +57,13 @@ def load_dataset(db: Any, hardware: str | None = None, progress: bool = False, p
             seen.add(p.resolve())
         parts = [load_dataset(d, hardware, progress) for d in db]
         pooled = pool_probes(parts, "machine" if pool is True else pool) if pool else {}
-        out = Dataset([s for part in parts for s in part.samples])
+        if sittings == "mean":
+            out = merge_sittings(parts)
+        else:
+            out = Dataset([s for part in parts for s in part.samples])
+            out.merged = {}  # type: ignore[attr-defined]
         out.skipped = sum(int(getattr(part, "skipped", 0)) for part in parts)  # type: ignore[attr-defined]
         out.pooled = pooled  # type: ignore[attr-defined]
-        out.merged = {}  # type: ignore[attr-defined]
-        if sittings == "mean":
-            out = merge_sittings(out)
         return out
 
     p = database_path(db)

@@ -282,8 +282,9 @@ def merge_sittings(parts: Sequence[Dataset]) -> Dataset:
     against its own sitting's calibration (log latency minus the machine's roofline estimate from that row's
     probes, ``featurize.flat.machine_log_estimates``), or raw where a row has no calibration. On the Zen 3 at 2
     threads four sittings' labels, read the first way, agree within +-10% as means of two against the other
-    two on 51%, and read through their calibrations on 42%: a scale from thousands of candidates is steadier
-    than one from the probe set's 104 (docs/results/cost-models.md, "Four sittings of the Zen 3").
+    two on 52%, and read through their calibrations on 45%: a scale from thousands of candidates is steadier
+    than one from the probe set's 104 (``benchmarks/sitting_drift.py``; docs/results/cost-models.md, "Four
+    sittings of the Zen 3 at 2 threads").
 
     Each sitting as a sample of its own would instead weigh a re-measured candidate twice. ``Dataset.merged``
     is ``{"candidates": merged candidates, "rows": rows they held, "by_shared": candidates put on scale by the

@@ -81,7 +81,8 @@ from collage_ml.featurize import roofline  # noqa: E402
 from shipped_datasets import dataset_dbs  # noqa: E402
 from collage_ml.models.base import create_model  # noqa: E402
 from collage_ml.defaults import POOL_BY  # noqa: E402
-from collage_ml.models.dataset import Dataset, merge_sittings, pool_probes  # noqa: E402
+from collage_ml.models.dataset import Dataset, pool_probes  # noqa: E402
+from collage_ml.models.training import load_dataset  # noqa: E402
 from collage_ml.models.evaluate import (  # noqa: E402
     HIGHER_IS_BETTER,
     METRIC_LABELS,
@@ -390,14 +391,12 @@ def main() -> int:
         roofline.FIT = args.roofline_fit
     t0 = time.perf_counter()
     log(f"loading {args.db}")
-    data = Dataset.from_db(args.db, progress=sys.stderr.isatty())
-    if args.rerun:
-        for p in args.rerun:
-            if p.resolve() == args.db.resolve() or args.rerun.count(p) > 1:
-                raise SystemExit(f"{p} is given twice: one database would read as two sittings of every candidate")
-        data = merge_sittings([data, *(Dataset.from_db(p) for p in args.rerun)])
+    if args.rerun:  # as `collage-ml train` reads a dataset and its reruns: one sample per candidate
+        data = load_dataset([args.db, *args.rerun], progress=sys.stderr.isatty())
         log(f"{len(args.rerun)} rerun(s) merged: {data.merged['candidates']} candidates from "
             f"{data.merged['rows']} rows ({data.merged['by_shared']} scaled by the candidates their sittings share)")
+    else:
+        data = Dataset.from_db(args.db, progress=sys.stderr.isatty())
     fams = [f for f in data.sources() if f != "probe"]  # the probe set is the machine's description, not a family
     if args.families:
         fams = [f.strip() for f in args.families.split(",") if f.strip()]

@@ -189,11 +189,13 @@ def sharded(runs: list[dict], shards: int, reps: int = 20) -> dict:
                     left[i] = r[i] - (np.median(r[rest]) if rest else 0.0)
             return within(left)
 
+        members: dict = {}
+        for i, g in enumerate(group):
+            members.setdefault(g, []).append(i)
         null = []
         for _ in range(reps):
             sh = shard.copy()
-            for g in set(group):
-                idx = np.array([i for i, x in enumerate(group) if x == g])
+            for idx in members.values():
                 sh[idx] = rng.permutation(sh[idx])
             null.append(corrected([(*g, s) for g, s in zip(group, sh)]))
         out[f"{chr(ord('A') + j)}"] = {

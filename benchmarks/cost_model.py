@@ -373,8 +373,8 @@ def main() -> int:
                          "of that CPU kind; a label may hold a comma), or else one of its comma-separated parts "
                          "(default: all)")
     ap.add_argument("--save-preds", type=Path, default=None, metavar="NPZ",
-                    help="write the leave-one-family-out predictions (per model and family: backend, true, pred, "
-                         "and std, the model's log-space uncertainty)")
+                    help="write the leave-one-family-out predictions (per model and family: backend, subgraph "
+                         "hash, true, pred, and std, the model's log-space uncertainty)")
     ap.add_argument("--plot", type=Path, default=None, metavar="PNG")
     ap.add_argument("--json", type=Path, default=None, metavar="PATH")
     args = ap.parse_args()
@@ -516,7 +516,7 @@ def main() -> int:
         args.save_preds.parent.mkdir(parents=True, exist_ok=True)
         np.savez_compressed(args.save_preds, **{f"{k}/{fam}/{col}": np.asarray(v[col])
                                                 for k, per in preds.items() for fam, v in per.items()
-                                                for col in ("backend", "true", "pred", "std")})
+                                                for col in ("backend", "hash", "true", "pred", "std")})
         log(f"wrote {args.save_preds}")
     if args.json:
         write_json(args.json, results)

@@ -112,3 +112,15 @@ def ort_optimized_ops(model: onnx.ModelProto, tmp_path, opt_level: str = "all", 
     path = str(tmp_path / f"opt-{opt_level}-{skipln}.onnx")
     make_session(model.SerializeToString(), 1, False, opt_level, skipln=skipln, optimized_path=path)
     return sorted(n.op_type for n in onnx.load(path).graph.node)
+
+
+def load_benchmark(name: str):
+    """``benchmarks/<name>.py`` as a module (benchmarks/ is not a package); its parts are tested, not its runs."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod

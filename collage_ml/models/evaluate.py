@@ -97,7 +97,7 @@ def leave_one_family_out(
 
     ``families`` defaults to every source of ``dataset``. Each family's metrics
     gain ``n_train`` and ``fit_seconds``. ``predictions``, when given, is
-    filled with family -> ``{"backend", "true", "pred", "std"}`` arrays (for plots; ``std`` is the
+    filled with family -> ``{"backend", "hash", "true", "pred", "std"}`` arrays (for plots; ``std`` is the
     model's log-space uncertainty).
     ``extra_train`` (for example synthetic networks, or another machine's rows)
     joins every fold's training set, less its own rows of the held-out family;
@@ -130,6 +130,7 @@ def leave_one_family_out(
         if predictions is not None:
             predictions[fam] = {
                 "backend": [s.backend for s in test],
+                "hash": [s.info.hash for s in test],
                 "true": test.latencies(),
                 "pred": pred,
                 "std": np.asarray(std, dtype=np.float64),

@@ -15,7 +15,7 @@ from collage_ml.featurize.info import subgraph_info
 from collage_ml.featurize.roofline import constant_nodes
 from collage_ml.featurize.schema import OPS
 from collage_ml.ir import import_model, zoo
-from collage_ml.ir.zoo import synthetic, synthetic_v2, synthetic_v3, synthetic_v4
+from collage_ml.ir.zoo import synthetic, synthetic_v2, synthetic_v3, synthetic_v4, synthetic_v5
 
 
 def test_naming_a_synthetic_network_leaves_the_callers_rng_alone():
@@ -76,6 +76,7 @@ def test_synthetic_names_resolve_in_collect_and_stay_out_of_the_zoo_listing():
     (range(1000, 1030), "2a126f5c0cce51dd", "synthetic-1000", 54, "018e3296c416571ff55224f2b7e1b7b9085bacfc"),
     (range(2000, 2030), "8fbdfc89a2cd211b", "synthetic-2000", 43, "c164dd8ad2b97b313d5e1932dfc80bd4e10a9e85"),
     (range(3000, 3030), "1d547cacfc233f4c", "synthetic-3001", 54, "4dd04a8ac2740273ee1fd4f2cf782931ee2f8904"),
+    (range(4000, 4030), "72a8fc4dbc91f6fc", "synthetic-4002", 41, "9ccf96cc4da55ac4fce23d6f9b235a291e49d78c"),
 ])
 def test_every_vocabulary_is_frozen(seeds, digest, name, nodes, graph_hash):
     """Datasets name synthetic networks by seed (synthetic:60, synthetic:1000-1030 and synthetic:2000-2030 on
@@ -174,3 +175,21 @@ def test_the_fourth_vocabulary_draws_post_norm_encoders_whose_layernorms_carry_t
     ref = post.reference()
     assert all(np.isfinite(ref[t]).all() and ref[t].shape[0] == 2 for t in post.output_names)
     assert norms(import_model("synthetic-3000"))[1] == 0  # pre-norm: no residual Add reads a LayerNorm
+
+
+def test_the_fifth_vocabulary_draws_wide_concatenations_of_summed_branches():
+    """Seeds from 4000 on: cells whose nodes (one branch, or the sum of two) meet in a Concat of 3 to 8
+    inputs along channels, the shape no earlier vocabulary draws beyond five inputs (nasnet's six-way
+    concatenations were the Zen 4's largest leave-one-family-out miss)."""
+    assert synthetic_v5.FIRST_SEED == 4000
+    texts = [zoo.get(f"synthetic-{i}").description for i in range(4000, 4030)]
+    fans = [int(f) for t in texts for f in t.split("concat ")[1].split("-way")[0].split("/")]
+    assert min(fans) >= 3 and max(fans) == 8 and sum(f >= 6 for f in fans) >= 15, fans
+    assert {int(t.split(", ")[2].split("x")[0]) for t in texts} == {14, 28, 56, 112}
+    g = import_model("synthetic-4002", batch=2)  # two cells, each a six-way Concat fed by Adds
+    made_by = {o: n.op_type for n in g.nodes for o in n.outputs}
+    cats = [n for n in g.nodes if n.op_type == "Concat"]
+    assert [len(n.inputs) for n in cats] == [6, 6]
+    assert all(sum(made_by.get(i) == "Add" for i in n.inputs) >= 2 for n in cats)
+    ref = g.reference()
+    assert all(np.isfinite(ref[t]).all() and ref[t].shape[0] == 2 for t in g.output_names)

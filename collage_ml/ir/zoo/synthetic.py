@@ -18,8 +18,9 @@ shapes are drawn, not copied. The same seed gives the same network (and the same
 Seeds below 1000 draw from this vocabulary, which is frozen (datasets name its networks by seed). Seeds
 from 1000 on draw image networks from a wider one (:mod:`.synthetic_v2`: separable, inverted-residual,
 grouped and multi-branch blocks, transposed convolutions of stride 1 and 2, explicit padding, any width),
-from 2000 on recurrent sequence networks started from learned states (:mod:`.synthetic_v3`), and from 3000
-on transformer encoders, post-norm in most (:mod:`.synthetic_v4`).
+from 2000 on recurrent sequence networks started from learned states (:mod:`.synthetic_v3`), from 3000
+on transformer encoders, post-norm in most (:mod:`.synthetic_v4`), and from 4000 on image cells whose
+branches meet in wide concatenations (:mod:`.synthetic_v5`).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from . import synthetic_v2, synthetic_v3, synthetic_v4
+from . import synthetic_v2, synthetic_v3, synthetic_v4, synthetic_v5
 from ._common import Head as _Head, Residual as _Residual, Spec
 
 FAMILY = "synthetic"
@@ -183,6 +184,8 @@ def _volume(rng) -> tuple[nn.Module, tuple[int, ...], str]:
 
 def _draw(seed: int) -> tuple[nn.Module, tuple[int, ...], str]:
     rng = np.random.default_rng([0x5EED, int(seed)])
+    if seed >= synthetic_v5.FIRST_SEED:
+        return synthetic_v5.cells(rng)
     if seed >= synthetic_v4.FIRST_SEED:
         return synthetic_v4.encoder(rng)
     if seed >= synthetic_v3.FIRST_SEED:

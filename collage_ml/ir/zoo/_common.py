@@ -35,6 +35,20 @@ class Residual(nn.Module):
         return x + self.body(x)
 
 
+class Sum(nn.Module):
+    """The sum of the branches' outputs on one input (the synthetic networks' multi-branch nodes)."""
+
+    def __init__(self, *branches: nn.Module):
+        super().__init__()
+        self.branches = nn.ModuleList(branches)
+
+    def forward(self, x):
+        out = self.branches[0](x)
+        for b in self.branches[1:]:
+            out = out + b(x)
+        return out
+
+
 class Head(nn.Module):
     """A classifier head: the mean over the ``dims`` spatial dimensions, then a linear layer to 10 classes."""
 

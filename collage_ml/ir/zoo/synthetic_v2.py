@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ._common import Head, Residual as _Residual, drawn_width
+from ._common import Head, Residual as _Residual, Sum as _Sum, drawn_width
 
 FIRST_SEED = 1000
 
@@ -36,18 +36,6 @@ def _cbr(rng, cin: int, cout: int, k: int, stride: int = 1, groups: int = 1, act
     if act:
         layers.append(_act(rng))
     return nn.Sequential(*layers)
-
-
-class _Sum(nn.Module):
-    def __init__(self, *branches: nn.Module):
-        super().__init__()
-        self.branches = nn.ModuleList(branches)
-
-    def forward(self, x):
-        out = self.branches[0](x)
-        for b in self.branches[1:]:
-            out = out + b(x)
-        return out
 
 
 class _Cat(nn.Module):

@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ._common import Head, drawn_width
+from ._common import Head, Sum, drawn_width
 
 FIRST_SEED = 4000
 
@@ -42,20 +42,6 @@ def _branch(rng, kind: str, c: int) -> nn.Module:
     k = 3 if kind == "sep3" else 5
     return nn.Sequential(nn.ReLU(), nn.Conv2d(c, c, k, 1, k // 2, groups=c, bias=False),
                          nn.Conv2d(c, c, 1, bias=False), nn.BatchNorm2d(c))
-
-
-class _Node(nn.Module):
-    """One branch of the cell's input, or the sum of two."""
-
-    def __init__(self, *branches: nn.Module):
-        super().__init__()
-        self.branches = nn.ModuleList(branches)
-
-    def forward(self, x):
-        out = self.branches[0](x)
-        for b in self.branches[1:]:
-            out = out + b(x)
-        return out
 
 
 class _Cell(nn.Module):
@@ -89,7 +75,7 @@ def cells(rng) -> tuple[nn.Module, tuple[int, ...], str]:
         nodes = []
         for _ in range(n):
             kinds = rng.choice(_BRANCHES, size=2 if rng.random() < 0.7 else 1)
-            nodes.append(_Node(*(_branch(rng, str(k), c) for k in kinds)))
+            nodes.append(Sum(*(_branch(rng, str(k), c) for k in kinds)))  # one branch, or the sum of two
         cout = drawn_width(rng, 8, 96, (4, 8, 8, 16))
         layers.append(_Cell(nodes, keep, c, cout))
         fans.append(n + int(keep))
